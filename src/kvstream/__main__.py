@@ -1,0 +1,5 @@
+import sys
+
+from kvstream.cli import main
+
+sys.exit(main())
