@@ -1,0 +1,266 @@
+"""Store configuration: one schema for the Python API, YAML files and the command line.
+
+``StoreConfig.from_any(x)`` takes a :class:`StoreConfig`, a dict, or a path to a YAML file. Every problem is a
+:class:`kvstream.errors.ConfigError` naming the field by its dotted path (``tiers[1].capacity_bytes``), with a
+suggestion for a misspelt key. Sizes may be ints or strings with a unit (``"4GiB"``, ``"512M"``, ``"256k"``).
+Paths must be absolute; in a YAML file a relative path is taken relative to the file's own folder.
+Checks that need the file system (folder exists, is writable) run at open, in the tier, and name the field too.
+
+Example (YAML)::
+
+    tiers:
+      - {name: local,  path: /nvme/kvstream,   capacity_bytes: 2TiB}
+      - {name: shared, path: /lustre/kvstream, capacity_bytes: 20TiB}
+    memory_bytes: 64GiB
+    router: mitm            # mitm | mitm:M | fixed:R | single:NAME
+    replication: full       # full | single | partial:F | lazy | selective
+    io_engine: auto         # uring | threads | auto
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kvstream.errors import ConfigError
+
+__all__ = ["TierConfig", "StoreConfig", "parse_size", "parse_tier_specs"]
+
+_UNITS = {
+    "": 1, "b": 1,
+    "k": 1000, "kb": 1000, "kib": 1024,
+    "m": 1000**2, "mb": 1000**2, "mib": 1024**2,
+    "g": 1000**3, "gb": 1000**3, "gib": 1024**3,
+    "t": 1000**4, "tb": 1000**4, "tib": 1024**4,
+}
+_SIZE_RE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([a-zA-Z]*)\s*$")
+
+
+def parse_size(value: Any, field_name: str) -> int:
+    """An int, or a number with a unit: ``k/M/G/T`` are powers of 1000, ``KiB/MiB/GiB/TiB`` of 1024."""
+    if isinstance(value, bool):
+        raise ConfigError(field_name, f"expected a size, got {value!r}")
+    if isinstance(value, int):
+        n = value
+    elif isinstance(value, float) and value.is_integer():
+        n = int(value)
+    elif isinstance(value, str) and (m := _SIZE_RE.match(value)) and m.group(2).lower() in _UNITS:
+        n = int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+    else:
+        raise ConfigError(field_name, f"expected a size such as 4096, '512MiB' or '2GB', got {value!r}")
+    if n < 0:
+        raise ConfigError(field_name, f"must not be negative, got {value!r}")
+    return n
+
+
+def _suggest(key: str, known: list[str]) -> str:
+    close = difflib.get_close_matches(key, known, n=1)
+    return f"; did you mean '{close[0]}'?" if close else f"; known keys: {', '.join(sorted(known))}"
+
+
+@dataclass(frozen=True, kw_only=True)
+class TierConfig:
+    """One directory tier (node-local NVMe or a shared file system)."""
+
+    name: str
+    path: str  # absolute folder; the tier keeps its files and index under it
+    capacity_bytes: int  # bytes of chunk files this node may keep there; enforced by eviction
+    read_depth: int = 32  # io_uring/threads read ring depth (ops)
+    read_inflight_bytes: int = 32 << 20  # bytes of reads in flight at once; the router's claim window
+    write_depth: int = 8
+    write_inflight_bytes: int = 64 << 20
+    eviction: str = "lru"
+    direct_io: str = "auto"  # "on" (fail if the FS refuses O_DIRECT), "off", or "auto" (on where possible)
+    fsync: bool = False  # fsync each chunk before publishing it (checksums already stop torn data being used)
+    shared: bool = False  # other nodes write here too: refresh the index from their logs
+
+
+@dataclass(frozen=True, kw_only=True)
+class StoreConfig:
+    tiers: tuple[TierConfig, ...]
+    memory_bytes: int = 1 << 30  # host-memory tier: clean cached chunks plus buffered writes
+    router: str = "mitm"
+    replication: str = "full"
+    io_engine: str = "auto"
+    memory_eviction: str = "lru"
+    verify_reads: bool = True  # check each payload's checksum before returning it
+    create_dirs: bool = False  # create missing tier folders instead of failing
+    chunk_bytes: int | None = None  # expected payload size; when given, capacities are checked against it
+    hedge_after_s: float | None = None  # re-issue a read on another replica after this long (None: off)
+    node_id: str = field(default_factory=lambda: os.uname().nodename)
+
+    # -- construction ---------------------------------------------------------------------------------------
+    @classmethod
+    def from_any(cls, config: "StoreConfig | Mapping[str, Any] | str | os.PathLike[str]") -> "StoreConfig":
+        if isinstance(config, StoreConfig):
+            config.validate()
+            return config
+        if isinstance(config, Mapping):
+            return cls.from_dict(config)
+        if isinstance(config, (str, os.PathLike)):
+            return cls.from_yaml(config)
+        raise ConfigError("<config>", f"expected a StoreConfig, a dict or a YAML path, got {type(config).__name__}")
+
+    @classmethod
+    def from_yaml(cls, path: "str | os.PathLike[str]") -> "StoreConfig":
+        import yaml
+
+        p = Path(path)
+        try:
+            text = p.read_text()
+        except OSError as exc:
+            raise ConfigError("<config file>", f"cannot read {p}: {exc.strerror or exc}") from None
+        try:
+            data = yaml.safe_load(text)
+        except yaml.YAMLError as exc:
+            raise ConfigError("<config file>", f"{p} is not valid YAML: {exc}") from None
+        if not isinstance(data, Mapping):
+            raise ConfigError("<config file>", f"{p} must hold a mapping at the top level")
+        return cls.from_dict(data, base_dir=p.resolve().parent)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any], *, base_dir: Path | None = None) -> "StoreConfig":
+        known = [f.name for f in dataclasses.fields(cls)]
+        for key in data:
+            if key not in known:
+                raise ConfigError(str(key), "unknown key" + _suggest(str(key), known))
+        if "tiers" not in data:
+            raise ConfigError("tiers", "required: a list of {name, path, capacity_bytes}")
+        raw_tiers = data["tiers"]
+        if not isinstance(raw_tiers, (list, tuple)) or not raw_tiers:
+            raise ConfigError("tiers", "must be a non-empty list of {name, path, capacity_bytes}")
+        tiers = tuple(_tier_from_dict(t, f"tiers[{i}]", base_dir) for i, t in enumerate(raw_tiers))
+        kw: dict[str, Any] = {"tiers": tiers}
+        for key, value in data.items():
+            if key == "tiers":
+                continue
+            kw[key] = _coerce(cls, key, value, key)
+        cfg = cls(**kw)
+        cfg.validate()
+        return cfg
+
+    def validate(self) -> None:
+        """Checks that need no file system access."""
+        names = [t.name for t in self.tiers]
+        for i, t in enumerate(self.tiers):
+            if names.count(t.name) > 1:
+                raise ConfigError(f"tiers[{i}].name", f"duplicate tier name {t.name!r}")
+        if self.memory_bytes < 1 << 20:
+            raise ConfigError("memory_bytes", f"must be at least 1 MiB, got {self.memory_bytes}")
+        if self.chunk_bytes is not None:
+            from kvstream.format import file_size
+
+            need = file_size(self.chunk_bytes)
+            for i, t in enumerate(self.tiers):
+                if t.capacity_bytes < need:
+                    raise ConfigError(f"tiers[{i}].capacity_bytes",
+                                      f"{t.capacity_bytes} B is below one chunk ({need} B on storage)")
+            if self.memory_bytes < need:
+                raise ConfigError("memory_bytes", f"{self.memory_bytes} B is below one chunk ({need} B)")
+        if self.hedge_after_s is not None and self.hedge_after_s <= 0:
+            raise ConfigError("hedge_after_s", "must be positive (or null to turn hedging off)")
+        # Parse the policy specs now so a typo fails at open, naming the field.
+        from kvstream.io.engine import make_engine  # noqa: F401  (import check only)
+        from kvstream.replication import parse_replication
+        from kvstream.routing import parse_router
+
+        parse_router(self.router, names)
+        parse_replication(self.replication)
+        if self.io_engine not in ("uring", "threads", "auto"):
+            raise ConfigError("io_engine", f"unknown engine {self.io_engine!r}; expected uring, threads or auto")
+        from kvstream.eviction import make_eviction_policy
+
+        for fname, pol in [("memory_eviction", self.memory_eviction)] + [
+            (f"tiers[{i}].eviction", t.eviction) for i, t in enumerate(self.tiers)
+        ]:
+            try:
+                make_eviction_policy(pol)
+            except (KeyError, TypeError) as exc:
+                raise ConfigError(fname, str(exc).strip('"')) from None
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+_SIZE_FIELDS = {"capacity_bytes", "memory_bytes", "chunk_bytes", "read_inflight_bytes", "write_inflight_bytes"}
+
+
+def _coerce(cls: type, key: str, value: Any, field_name: str) -> Any:
+    """Convert a raw config value to the dataclass field's type, or raise naming the field."""
+    ftype = {f.name: f.type for f in dataclasses.fields(cls)}[key]
+    if key in _SIZE_FIELDS:
+        if value is None and "None" in str(ftype):
+            return None
+        return parse_size(value, field_name)
+    if ftype in ("int", int):
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(field_name, f"expected an integer, got {value!r}")
+        if value < 1:
+            raise ConfigError(field_name, f"must be at least 1, got {value}")
+        return value
+    if ftype in ("bool", bool):
+        if not isinstance(value, bool):
+            raise ConfigError(field_name, f"expected true or false, got {value!r}")
+        return value
+    if "float" in str(ftype):
+        if value is None and "None" in str(ftype):
+            return None
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(field_name, f"expected a number, got {value!r}")
+        return float(value)
+    if not isinstance(value, str):
+        raise ConfigError(field_name, f"expected a string, got {value!r}")
+    return value
+
+
+def _tier_from_dict(raw: Any, prefix: str, base_dir: Path | None) -> TierConfig:
+    if not isinstance(raw, Mapping):
+        raise ConfigError(prefix, "must be a mapping with name, path and capacity_bytes")
+    known = [f.name for f in dataclasses.fields(TierConfig)]
+    for key in raw:
+        if key not in known:
+            raise ConfigError(f"{prefix}.{key}", "unknown key" + _suggest(str(key), known))
+    for req in ("name", "path", "capacity_bytes"):
+        if req not in raw:
+            raise ConfigError(f"{prefix}.{req}", "required")
+    kw = {k: _coerce(TierConfig, k, v, f"{prefix}.{k}") for k, v in raw.items()}
+    if not re.fullmatch(r"[A-Za-z0-9_.-]{1,32}", kw["name"]):
+        raise ConfigError(f"{prefix}.name", f"must be 1-32 letters, digits or _.-, got {kw['name']!r}")
+    path = kw["path"]
+    if not path:
+        raise ConfigError(f"{prefix}.path", "must not be empty")
+    if not os.path.isabs(path):
+        if base_dir is None:
+            raise ConfigError(f"{prefix}.path", f"must be an absolute path, got {path!r} "
+                                                f"(did you mean {os.path.abspath(path)!r}?)")
+        path = str((base_dir / path).resolve())
+    kw["path"] = os.path.normpath(path)
+    if kw["capacity_bytes"] <= 0:
+        raise ConfigError(f"{prefix}.capacity_bytes", "must be positive")
+    if kw.get("direct_io", "auto") not in ("auto", "on", "off"):
+        raise ConfigError(f"{prefix}.direct_io", f"expected auto, on or off, got {kw['direct_io']!r}")
+    return TierConfig(**kw)
+
+
+def parse_tier_specs(specs: list[str], *, capacity_bytes: int, field_name: str = "--tier") -> list[dict[str, Any]]:
+    """``["local=/nvme/kv", "shared=/lustre/kv"]`` (or one comma-separated string) -> tier dicts.
+
+    Used by the CLI's ``--tier NAME=PATH`` and LMCache's ``kvstream.tiers``; relative paths become absolute.
+    """
+    out = []
+    for spec in (s.strip() for item in specs for s in item.split(",")):
+        if not spec:
+            continue
+        name, sep, path = spec.partition("=")
+        if not sep or not name or not path:
+            raise ConfigError(field_name, f"expected NAME=PATH, got {spec!r}")
+        out.append({"name": name, "path": os.path.abspath(path), "capacity_bytes": capacity_bytes})
+    if not out:
+        raise ConfigError(field_name, "no tiers given")
+    return out
