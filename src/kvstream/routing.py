@@ -7,6 +7,7 @@ a small state machine the driver (the real engine or the simulator) runs with th
     sched.next_claim(t) -> [i, ...]          # tier t has room: chunks it should read next ([] = nothing now)
     sched.on_landed(t, i) -> bool            # tier t delivered chunk i; True = first copy (use it), False = duplicate
     sched.on_failed(t, i)                    # tier t could not deliver i (EIO, bad checksum): retry elsewhere
+    sched.hedge(t, stuck) -> [i, ...]        # a read is past its deadline elsewhere: may t read it too?
     sched.finished / sched.lost()            # every chunk landed or is unrecoverable
 
 The driver decides *when* a tier has room (bytes in flight under its budget); the schedule decides *what* it
@@ -24,7 +25,8 @@ measured and no ratio tuned.
 
 Once no unclaimed chunk is left for a tier, it may read again a chunk still in flight on another tier (the
 meeting region), nearest its own home first — those are the other tier's latest claims, the ones it will finish
-last. Each chunk is read at most twice; the first copy to land is used, the other is counted as a duplicate.
+last — one batch at a time, so it meets the other tier inside that tier's in-flight window. Each chunk is read
+at most twice; the first copy to land is used, the other is counted as a duplicate.
 This bounds the tail: a tier never idles while a slower one still holds the step's last chunks.
 
 Failures: a chunk that fails on a tier goes back to the pool for the other tiers that hold it (not to the tier
@@ -139,6 +141,17 @@ class ReadSchedule(ABC):
         else:
             self._mark_lost(i)
 
+    def hedge(self, tier: int, stuck: Collection[int]) -> list[int]:
+        """Let ``tier`` read again chunks that are taking too long elsewhere (a stalled tier); returns those it
+        may take: ones it holds, has not failed, is not already reading, and that have had only one copy."""
+        out = []
+        for i in stuck:
+            if (not self._done[i] and self._copies[i] < 2 and tier in self._holders[i]
+                    and tier not in self._failed_by[i] and i not in self._inflight[tier]):
+                self._take(tier, i)
+                out.append(i)
+        return out
+
     # -- state ----------------------------------------------------------------------------------------------
     @property
     def finished(self) -> bool:
@@ -209,6 +222,7 @@ class _MitmSchedule(ReadSchedule):
         # Two cursors per tier: lo walks toward the front, hi toward the back; both start at home.
         self._lo = [h - 1 for h in self._home]
         self._hi = list(self._home)
+        self._stolen: list[set[int]] = [set() for _ in range(n_tiers)]  # tier -> stolen chunks in flight
 
     def _next_unclaimed(self, tier: int) -> int | None:
         """Position of the nearest unclaimed chunk this tier holds, advancing its cursors past the rest."""
@@ -247,6 +261,11 @@ class _MitmSchedule(ReadSchedule):
         return out
 
     def _steal(self, tier: int) -> list[int]:
+        # At most one batch of stolen chunks in flight per tier: the stealing tier eats the other's in-flight
+        # window from its far end while the other works from its head, so they meet inside the window and
+        # duplicates stay near one batch instead of the whole window.
+        if self._stolen[tier]:
+            return []
         home = self._home[tier]
         cands = [
             i
@@ -259,7 +278,12 @@ class _MitmSchedule(ReadSchedule):
         out = cands[: self.batch]
         for i in out:
             self._take(tier, i)
+        self._stolen[tier].update(out)
         return out
+
+    def _finish_inflight(self, tier: int, i: int) -> None:
+        super()._finish_inflight(tier, i)
+        self._stolen[tier].discard(i)
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,0 +1,684 @@
+"""The engine: a host-memory tier over replicated directory tiers, read meet-in-the-middle, written deferred.
+
+Public API (stable): :func:`open_store`, and on :class:`Store`: ``put``, ``flush``, ``contains``, ``lookup``,
+``get_many``, ``read_iter``, ``read_chunks``, ``stats``, ``drain``, ``close`` (and ``with``).
+
+Read path (``read_chunks``): memory hits are handed out at once; the rest form one read plan for the whole step.
+The router (sans-I/O, :mod:`kvstream.routing`) decides which tier reads which chunk as reads complete; this
+module only keeps each tier's read ring filled up to its in-flight byte budget, verifies what lands (header,
+key, checksum) and hands each chunk to the caller as soon as it is verified. A chunk that fails verification
+or I/O is quarantined (corrupt) or counted (I/O error) and read from another replica if there is one, else
+reported as a miss: wrong bytes are never returned. Reads stuck past ``hedge_after_s`` are re-issued on
+another replica; a tier that keeps failing is taken out of routing by its circuit breaker and probed back.
+
+Write path: ``put`` copies the payload into a pooled, aligned buffer that becomes a dirty host-memory entry
+(hits on it are served at once); ``flush`` — called at the step boundary, once the next forward pass has
+started — asks the replication policy which tiers get a copy and submits the writes to those tiers' write
+rings, separate from the read rings. A write is published atomically (temporary file, then link); the entry
+becomes evictable once every copy is written or has failed. A copy that cannot be written (disk full after
+eviction, EIO) is skipped and counted, never retried forever, and never blocks the caller.
+
+Threading: any thread may call the API. Metadata is guarded by ``_lock``; waits on I/O hold no lock. Ring
+callbacks run on ring threads and only hand completions over (to the step's queue, or to the publisher
+thread for writes), so a slow publish never delays the reaping of reads.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+from kvstream.config import StoreConfig
+from kvstream.errors import CorruptChunkError, StoreClosedError, UsageError
+from kvstream.eviction import AccessMeta
+from kvstream.format import (
+    HEADER_BYTES,
+    ChunkHeader,
+    ChunkMeta,
+    decode_header,
+    file_size,
+    payload_checksum,
+    verify_payload,
+    write_header,
+)
+from kvstream.health import CircuitBreaker
+from kvstream.io.buffers import AlignedBuffer
+from kvstream.io.engine import IOOp, OpKind, make_engine
+from kvstream.replication import CopyOrder, ReadObservation, WriteIntent, parse_replication
+from kvstream.routing import ReadSchedule, parse_router
+from kvstream.tiers.files import DirectoryTier
+from kvstream.tiers.memory import HostMemoryTier, MemEntry
+
+__all__ = ["Store", "Chunk", "open_store"]
+
+log = logging.getLogger("kvstream.store")
+
+_ENOENT, _ENOSPC, _EDQUOT = 2, 28, 122
+
+
+@dataclass(frozen=True, slots=True)
+class Chunk:
+    """A chunk handed to a caller: its verified payload (read-only) and what its header says."""
+
+    key: bytes
+    meta: ChunkMeta
+    payload: memoryview
+    source: str  # "memory" or the tier name it was read from
+
+
+@dataclass(eq=False, slots=True)
+class _ReadTag:
+    tier: int
+    idx: int  # position in the caller's key list
+    key: bytes
+    buf: AlignedBuffer
+    pooled: bool
+    started: float
+
+
+class _Step:
+    """One read call's completion queue; late completions (duplicates, after the caller is done) clean up
+    after themselves instead of landing in a queue nobody reads."""
+
+    def __init__(self, store: "Store") -> None:
+        self.q: queue.SimpleQueue[IOOp] = queue.SimpleQueue()
+        self.lock = threading.Lock()
+        self.done = False
+        self.store = store
+
+    def on_complete(self, op: IOOp) -> None:
+        with self.lock:
+            if not self.done:
+                self.q.put(op)
+                return
+        self.store._discard_read(op)
+
+    def finish(self) -> None:
+        with self.lock:
+            self.done = True
+        while True:
+            try:
+                op = self.q.get_nowait()
+            except queue.Empty:
+                return
+            self.store._discard_read(op)
+
+
+@dataclass(eq=False, slots=True)
+class _PendingWrite:
+    entry: MemEntry
+    tiers: frozenset[int] | None  # None: ask the replication policy at flush
+
+
+def _as_bytes_view(payload: Any) -> tuple[memoryview, ChunkMeta | None]:
+    """A flat byte view of any buffer-protocol payload, and the metadata it implies (numpy arrays)."""
+    meta = None
+    dtype = getattr(payload, "dtype", None)
+    shape = getattr(payload, "shape", None)
+    if dtype is not None and shape is not None and hasattr(payload, "__array_interface__"):
+        meta = ChunkMeta(dtype=str(dtype), shape=tuple(int(d) for d in shape), fmt="raw")
+    try:
+        view = memoryview(payload)
+    except TypeError:
+        raise UsageError(f"put payload must support the buffer protocol, got {type(payload).__name__}") from None
+    if not view.c_contiguous:
+        raise UsageError("put payload must be C-contiguous")
+    return view.cast("B") if view.format != "B" or view.ndim != 1 else view, meta
+
+
+class Store:
+    """See the module docstring. Build one with :func:`open_store`."""
+
+    def __init__(self, config: StoreConfig) -> None:
+        self.config = config
+        self.engine = make_engine(config.io_engine)
+        self.tiers: list[DirectoryTier] = []
+        try:
+            for i, tcfg in enumerate(config.tiers):
+                self.tiers.append(DirectoryTier(tcfg, index=i, engine=self.engine, node_id=config.node_id,
+                                                create=config.create_dirs, field_prefix=f"tiers[{i}]"))
+        except BaseException:
+            for t in self.tiers:
+                t.close()
+            raise
+        names = [t.name for t in self.tiers]
+        self.router = parse_router(config.router, names)
+        self.replication = parse_replication(config.replication)
+        self.memory = HostMemoryTier(config.memory_bytes, config.memory_eviction)
+        self.health = [CircuitBreaker() for _ in self.tiers]
+        self._lock = threading.RLock()
+        self._pending: list[_PendingWrite] = []
+        self._writes_inflight = 0
+        self._writes_cv = threading.Condition(threading.Lock())
+        self._publisher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kvs-publish")
+        self._closed = False
+        self._c: dict[str, float] = {
+            "puts": 0, "put_bytes": 0, "put_file_bytes": 0, "puts_duplicate": 0, "puts_dropped_no_memory": 0,
+            "get_chunks": 0, "memory_hits": 0, "disk_hits": 0, "misses": 0, "lost_chunks": 0,
+            "read_steps": 0, "read_seconds": 0.0, "verify_seconds": 0.0, "hedged_reads": 0,
+            "copies_ordered": 0, "flushes": 0,
+        }
+
+    # -- lifecycle ------------------------------------------------------------------------------------------
+    def __enter__(self) -> "Store":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Flush buffered puts, wait for every write to finish, release rings and index logs. Idempotent."""
+        if self._closed:
+            return
+        self.flush()
+        self.drain()
+        self._closed = True
+        self._publisher.shutdown(wait=True)
+        for t in self.tiers:
+            t.close()
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise StoreClosedError("store is closed")
+
+    @property
+    def tier_names(self) -> list[str]:
+        return [t.name for t in self.tiers]
+
+    # -- queries --------------------------------------------------------------------------------------------
+    def _usable(self, t: int, now: float | None = None) -> bool:
+        return self.health[t].usable(time.monotonic() if now is None else now)
+
+    def _holders(self, key: bytes, now: float) -> list[int]:
+        return [t.position for t in self.tiers if t.contains(key) and self._usable(t.position, now)]
+
+    def contains(self, key: bytes) -> bool:
+        """True if the chunk is in host memory or on a usable tier."""
+        self._check_open()
+        if key in self.memory:
+            return True
+        now = time.monotonic()
+        if self._holders(key, now):
+            return True
+        for t in self.tiers:
+            t.maybe_refresh()
+        return bool(self._holders(key, now))
+
+    def lookup(self, keys: Sequence[bytes]) -> int:
+        """Length of the prefix of ``keys`` the store holds (memory or disk)."""
+        n = 0
+        for k in keys:
+            if not self.contains(k):
+                break
+            n += 1
+        return n
+
+    # -- writes ---------------------------------------------------------------------------------------------
+    def put(self, key: bytes, payload: Any, *, meta: ChunkMeta | None = None, position: int | None = None,
+            tiers: Sequence[str] | None = None) -> bool:
+        """Buffer a chunk in host memory; it reaches the tiers at the next :meth:`flush`.
+
+        ``payload`` is any C-contiguous buffer (bytes, numpy array, ...); ``meta`` (dtype, shape, layout) is kept
+        in the chunk's header and handed back by :meth:`read_chunks`. ``position`` (chunk index within its
+        prefix) helps partial replication place copies; ``tiers`` overrides the replication policy.
+        Returns False if the chunk was already stored, or had to be dropped because host memory was all
+        dirty (counted in ``puts_dropped_no_memory``; the caller recomputes it later, nothing else is lost).
+        """
+        self._check_open()
+        if not isinstance(key, (bytes, bytearray)) or not 0 < len(key) <= 64:
+            raise UsageError("chunk key must be 1..64 bytes")
+        key = bytes(key)
+        view, implied = _as_bytes_view(payload)
+        meta = meta or implied or ChunkMeta(dtype="uint8", shape=(len(view),), fmt="raw")
+        target = None
+        if tiers is not None:
+            names = self.tier_names
+            unknown = [n for n in tiers if n not in names]
+            if unknown:
+                raise UsageError(f"put: unknown tier(s) {unknown}; tiers are {names}")
+            target = frozenset(names.index(n) for n in tiers)
+        if key in self.memory or any(t.contains(key) for t in self.tiers):
+            self._c["puts_duplicate"] += 1
+            return False
+        n = len(view)
+        fsize = file_size(n)
+        buf = self.memory.allocate(fsize)
+        if buf is None:
+            # Host memory is all dirty: push what is buffered and give the writes a moment before dropping.
+            self.flush()
+            self.drain(timeout=1.0)
+            buf = self.memory.allocate(fsize)
+            if buf is None:
+                self._c["puts_dropped_no_memory"] += 1
+                log.warning("put dropped: host memory (%d B) is full of unwritten chunks", self.config.memory_bytes)
+                return False
+        mv = buf.view()
+        try:
+            mv[HEADER_BYTES : HEADER_BYTES + n] = view
+            mv[HEADER_BYTES + n : fsize] = bytes(fsize - HEADER_BYTES - n)  # no stale bytes reach storage
+            write_header(mv, key=key, meta=meta, payload_len=n, payload_sum=payload_checksum(view),
+                         created_ns=time.time_ns())
+        except (ValueError, TypeError) as exc:
+            del mv
+            self.memory.release(buf)
+            raise UsageError(f"put: {exc}") from None
+        header = decode_header(mv[:HEADER_BYTES])
+        del mv
+        entry = MemEntry(key=key, buf=buf, header=header, position=position)
+        with self._lock:
+            if self.memory.insert(entry, dirty=True) is not entry:  # another thread put it first
+                self._c["puts_duplicate"] += 1
+                return False
+            self._pending.append(_PendingWrite(entry=entry, tiers=target))
+            self._c["puts"] += 1
+            self._c["put_bytes"] += n
+            self._c["put_file_bytes"] += fsize
+        return True
+
+    def flush(self) -> int:
+        """Hand every buffered put to the write rings (the step boundary). Returns writes submitted."""
+        with self._lock:
+            pending, self._pending = self._pending, []
+            self._c["flushes"] += 1
+        now = time.monotonic()
+        submitted = 0
+        for pw in pending:
+            entry = pw.entry
+            targets = pw.tiers
+            if targets is None:
+                targets = self.replication.targets(
+                    WriteIntent(key=entry.key, nbytes=entry.header.payload_len, position=entry.position),
+                    len(self.tiers))
+            for t in sorted(targets):
+                tier = self.tiers[t]
+                if tier.contains(entry.key):
+                    continue
+                if not self._usable(t, now):
+                    tier.counters.write_skipped_unhealthy += 1
+                    continue
+                if self._submit_write(tier, entry):
+                    submitted += 1
+            self.memory.mark_clean(entry)  # the put's own dirty mark; per-write marks were added above
+        return submitted
+
+    def _submit_write(self, tier: DirectoryTier, entry: MemEntry) -> bool:
+        fsize = entry.file_size
+        if not tier.reserve(fsize):
+            tier.counters.write_skipped_full += 1
+            return False
+        try:
+            fd, tmp = tier.create_temp(entry.key)
+        except OSError as exc:
+            tier.unreserve(fsize)
+            self._write_failed(tier, -(exc.errno or 5))
+            return False
+        self.memory.mark_dirty(entry)
+        with self._writes_cv:
+            self._writes_inflight += 1
+        op = IOOp(kind=OpKind.WRITE, fd=fd, buf=entry.buf, length=fsize, offset=0,
+                  callback=self._on_write_done, tag=(tier, entry, tmp))
+        try:
+            tier.write_ring.submit([op])
+        except StoreClosedError:
+            os.close(fd)
+            self._finish_write(tier, entry, tmp, fsize, ok=False, err=-5)
+            return False
+        return True
+
+    def _on_write_done(self, op: IOOp) -> None:
+        # Ring thread: hand the slow part (fsync, link, index append) to the publisher.
+        try:
+            self._publisher.submit(self._publish, op)
+        except RuntimeError:  # publisher shut down (closing): publish inline
+            self._publish(op)
+
+    def _publish(self, op: IOOp) -> None:
+        tier, entry, tmp = op.tag
+        fsize = op.length
+        ok = op.result == fsize
+        err = op.result if op.result < 0 else -5
+        try:
+            if ok and tier.cfg.fsync:
+                os.fsync(op.fd)
+        except OSError as exc:
+            ok, err = False, -(exc.errno or 5)
+        finally:
+            os.close(op.fd)
+        self._finish_write(tier, entry, tmp, fsize, ok=ok, err=err)
+
+    def _finish_write(self, tier: DirectoryTier, entry: MemEntry, tmp: str, fsize: int, *, ok: bool, err: int) -> None:
+        try:
+            if ok:
+                try:
+                    tier.publish(entry.key, tmp, fsize)
+                    tier.counters.write_bytes += fsize
+                    tier.counters.write_chunks += 1
+                    self.health[tier.position].on_success()
+                except OSError as exc:
+                    ok, err = False, -(exc.errno or 5)
+            if not ok:
+                try:
+                    os.unlink(tmp)
+                except FileNotFoundError:
+                    pass
+                tier.unreserve(fsize)
+                self._write_failed(tier, err)
+        finally:
+            self.memory.mark_clean(entry)
+            with self._writes_cv:
+                self._writes_inflight -= 1
+                self._writes_cv.notify_all()
+
+    def _write_failed(self, tier: DirectoryTier, err: int) -> None:
+        if -err in (_ENOSPC, _EDQUOT):
+            tier.counters.write_skipped_full += 1
+            # The file system is fuller than our capacity says (other users): shrink our share a little.
+            tier.reserve(0)
+        else:
+            tier.counters.write_errors += 1
+            self.health[tier.position].on_failure(time.monotonic())
+        log.warning("tier %s: write failed (%s); copy skipped", tier.name, os.strerror(-err) if err < 0 else err)
+
+    def drain(self, timeout: float | None = None) -> bool:
+        """Wait until every submitted write has been published or has failed."""
+        with self._writes_cv:
+            return self._writes_cv.wait_for(lambda: self._writes_inflight == 0, timeout)
+
+    # -- reads ----------------------------------------------------------------------------------------------
+    def get_many(self, keys: Sequence[bytes]) -> list[memoryview | None]:
+        """Read a whole step; ``None`` where a chunk is nowhere (or could not be read intact)."""
+        out: list[memoryview | None] = [None] * len(keys)
+        for i, chunk in self.read_chunks(keys):
+            if chunk is not None:
+                out[i] = chunk.payload
+        return out
+
+    def read_iter(self, keys: Sequence[bytes]) -> Iterator[tuple[int, memoryview | None]]:
+        """Yield ``(index, payload)`` as each chunk lands (memory hits first); misses last, as ``None``."""
+        for i, chunk in self.read_chunks(keys):
+            yield i, (chunk.payload if chunk is not None else None)
+
+    def read_chunks(self, keys: Sequence[bytes], *, metas: Sequence[AccessMeta | None] | None = None
+                    ) -> Iterator[tuple[int, Chunk | None]]:
+        """Like :meth:`read_iter`, with each chunk's header metadata and source. Every index is yielded once."""
+        self._check_open()
+        t_start = time.perf_counter()
+        now = time.monotonic()
+        misses: list[int] = []
+        disk_idx: list[int] = []
+        holders: list[list[int]] = []
+        for i, key in enumerate(keys):
+            e = self.memory.get(key, meta=metas[i] if metas else None)
+            if e is not None:
+                self._c["memory_hits"] += 1
+                yield i, Chunk(key=key, meta=e.header.meta, payload=e.payload(), source="memory")
+                continue
+            hs = self._holders(key, now)
+            if not hs:
+                for t in self.tiers:
+                    t.maybe_refresh()
+                hs = self._holders(key, now)
+            if hs:
+                disk_idx.append(i)
+                holders.append(hs)
+            else:
+                misses.append(i)
+        self._c["get_chunks"] += len(keys)
+        if disk_idx:
+            yield from self._read_from_disk(keys, disk_idx, holders, misses, metas)
+        for i in misses:
+            self._c["misses"] += 1
+            yield i, None
+        self._c["read_seconds"] += time.perf_counter() - t_start
+
+    def _read_from_disk(self, keys: Sequence[bytes], disk_idx: list[int], holders: list[list[int]],
+                        misses: list[int], metas: Sequence[AccessMeta | None] | None
+                        ) -> Iterator[tuple[int, Chunk | None]]:
+        n_t = len(self.tiers)
+        sched: ReadSchedule = self.router.schedule(holders, n_t)
+        step = _Step(self)
+        inflight_bytes = [0] * n_t
+        inflight_ops: list[dict[int, _ReadTag]] = [{} for _ in range(n_t)]
+        busy_since: list[float | None] = [None] * n_t
+        busy = [0.0] * n_t
+        tier_bytes = [0] * n_t
+        budget = [t.cfg.read_inflight_bytes for t in self.tiers]
+        hedge_after = self.config.hedge_after_s
+        self._c["read_steps"] += 1
+
+        def fill(t: int) -> None:
+            # Keep tier t's ring fed up to its byte budget; at least one read in flight if it has work.
+            while inflight_bytes[t] < budget[t] or not inflight_ops[t]:
+                claim = sched.next_claim(t)
+                if not claim:
+                    return
+                submit(t, claim)
+
+        def submit(t: int, claim: list[int]) -> None:
+            tier = self.tiers[t]
+            ops = []
+            for j in claim:
+                i = disk_idx[j]
+                opened = tier.open_for_read(keys[i])
+                if opened is None:  # vanished since planning (evicted by another node)
+                    sched.on_failed(t, j)
+                    continue
+                fd, size = opened
+                buf, pooled = self.memory.allocate_or_overflow(size)
+                tag = _ReadTag(tier=t, idx=j, key=keys[i], buf=buf, pooled=pooled, started=time.monotonic())
+                ops.append(IOOp(kind=OpKind.READ, fd=fd, buf=buf, length=size, offset=0,
+                                callback=step.on_complete, tag=tag))
+                inflight_bytes[t] += size
+                inflight_ops[t][j] = tag
+            if ops:
+                if busy_since[t] is None:
+                    busy_since[t] = time.monotonic()
+                tier.read_ring.submit(ops)
+
+        try:
+            for t in range(n_t):
+                fill(t)
+            while not sched.finished:
+                try:
+                    op = step.q.get(timeout=hedge_after if hedge_after else 0.5)
+                except queue.Empty:
+                    self._hedge(sched, inflight_ops, hedge_after, submit)
+                    if not any(inflight_ops):  # nothing in flight and not finished: claims were all refused
+                        for t in range(n_t):
+                            fill(t)
+                        if not any(inflight_ops):
+                            break
+                    continue
+                tag: _ReadTag = op.tag
+                t, j = tag.tier, tag.idx
+                os.close(op.fd)
+                inflight_bytes[t] -= op.length
+                inflight_ops[t].pop(j, None)
+                if not inflight_ops[t] and busy_since[t] is not None:
+                    busy[t] += time.monotonic() - busy_since[t]
+                    busy_since[t] = None
+                fill(t)  # refill before verifying, so the device is never idle while we hash
+                chunk = self._verify_read(op, tag)
+                if chunk is None:
+                    sched.on_failed(t, j)
+                    self._release_tag(tag)
+                    for u in range(n_t):  # a retry may now be claimable by another tier
+                        fill(u)
+                    continue
+                tier_bytes[t] += op.length
+                if sched.on_landed(t, j):
+                    self._c["disk_hits"] += 1
+                    entry = None
+                    if tag.pooled:
+                        meta = metas[disk_idx[j]] if metas else None
+                        entry = self.memory.insert(MemEntry(key=tag.key, buf=tag.buf, header=chunk[0]), dirty=False,
+                                                   meta=meta)
+                        payload = entry.payload()
+                    else:
+                        payload = tag.buf.readonly(HEADER_BYTES, HEADER_BYTES + chunk[0].payload_len)
+                    self.tiers[t].on_hit(tag.key)
+                    yield disk_idx[j], Chunk(key=tag.key, meta=chunk[0].meta, payload=payload,
+                                             source=self.tiers[t].name)
+                else:
+                    self.tiers[t].counters.duplicate_chunks += 1
+                    self._release_tag(tag)
+        finally:
+            step.finish()
+            end = time.monotonic()
+            for t in range(n_t):
+                if busy_since[t] is not None:
+                    busy[t] += end - busy_since[t]
+                self.tiers[t].counters.read_busy_s += busy[t]
+        for j in sched.lost():
+            self._c["lost_chunks"] += 1
+            misses.append(disk_idx[j])
+        self._after_read([keys[i] for i in disk_idx], holders, tier_bytes, busy)
+
+    def _hedge(self, sched: ReadSchedule, inflight_ops: list[dict[int, _ReadTag]], hedge_after: float | None,
+               submit: Any) -> None:
+        if not hedge_after:
+            return
+        now = time.monotonic()
+        for t, ops in enumerate(inflight_ops):
+            stuck = [j for j, tag in ops.items() if now - tag.started > hedge_after]
+            if not stuck:
+                continue
+            self.health[t].on_failure(now)
+            for u in range(len(inflight_ops)):
+                if u != t and self._usable(u, now):
+                    again = sched.hedge(u, stuck)
+                    if again:
+                        self._c["hedged_reads"] += len(again)
+                        submit(u, again)
+
+    def _verify_read(self, op: IOOp, tag: _ReadTag) -> tuple[ChunkHeader] | None:
+        """Check a landed read; on failure quarantine or count it and return None."""
+        tier = self.tiers[tag.tier]
+        where = f"{tier.name}:{tier.relpath(tag.key)}"
+        latency = op.completed_at - op.submitted_at
+        if op.result < 0:
+            if -op.result == _ENOENT:
+                tier.counters.missing_files += 1
+                tier.drop(tag.key, unlink=False)
+            else:
+                tier.counters.read_errors += 1
+                self.health[tag.tier].on_failure(time.monotonic())
+                log.warning("tier %s: read of %s failed: %s", tier.name, where, os.strerror(-op.result))
+            return None
+        t0 = time.perf_counter()
+        try:
+            view = tag.buf.view(0, op.result)
+            try:
+                header = decode_header(view[:HEADER_BYTES], where=where, expect_key=tag.key)
+                if op.result < header.file_size:
+                    raise CorruptChunkError(where, f"truncated file ({op.result} of {header.file_size} B)")
+                if self.config.verify_reads:
+                    verify_payload(header, view[HEADER_BYTES : HEADER_BYTES + header.payload_len], where=where)
+            finally:
+                view.release()
+        except CorruptChunkError as exc:
+            tier.quarantine(tag.key, exc.reason)
+            return None
+        finally:
+            self._c["verify_seconds"] += time.perf_counter() - t0
+        c = tier.counters
+        c.read_bytes += op.result
+        c.read_chunks += 1
+        c.note_latency(latency)
+        self.health[tag.tier].on_success()
+        return (header,)
+
+    def _release_tag(self, tag: _ReadTag) -> None:
+        self.memory.release(tag.buf, tag.pooled)
+
+    def _discard_read(self, op: IOOp) -> None:
+        """A read that completed after its step was over (a duplicate, or the caller stopped early)."""
+        try:
+            os.close(op.fd)
+        except OSError:
+            pass
+        tag: _ReadTag = op.tag
+        if op.result > 0:
+            self.tiers[tag.tier].counters.duplicate_chunks += 1
+        self._release_tag(tag)
+
+    def _after_read(self, keys: list[bytes], holders: list[list[int]], tier_bytes: list[int],
+                    busy: list[float]) -> None:
+        orders: list[CopyOrder] = self.replication.on_read(ReadObservation(
+            now=time.monotonic(), keys=keys, holders=holders, tier_bytes=tier_bytes, tier_busy_s=busy))
+        if not orders:
+            return
+        by_key: dict[bytes, set[int]] = {}
+        for o in orders:
+            by_key.setdefault(o.key, set()).add(o.tier)
+        with self._lock:
+            for key, ts in by_key.items():
+                e = self.memory.get(key)
+                if e is None:
+                    continue  # not kept in memory (overflow read): the copy waits for the next reuse
+                self.memory.mark_dirty(e)
+                self._pending.append(_PendingWrite(entry=e, tiers=frozenset(ts)))
+                self._c["copies_ordered"] += len(ts)
+
+    # -- administration -------------------------------------------------------------------------------------
+    def remove(self, key: bytes) -> bool:
+        """Delete a chunk from memory and every tier. Returns True if it was anywhere."""
+        self._check_open()
+        found = key in self.memory
+        self.memory.discard(key)
+        for t in self.tiers:
+            if t.contains(key):
+                found = True
+                t.drop(key)
+        return found
+
+    def stats(self) -> dict[str, Any]:
+        """Counters for operators and benchmarks; ``write_amplification`` = bytes written / bytes put."""
+        tiers = {}
+        written = 0
+        for t in self.tiers:
+            c = t.counters
+            written += c.write_bytes
+            lat = sorted(c.latencies)
+            tiers[t.name] = {
+                "path": str(t.root), "direct_io": t.direct, "chunks": len(t.index), "used_bytes": t.used_bytes,
+                "capacity_bytes": t.cfg.capacity_bytes, "read_bytes": c.read_bytes, "read_chunks": c.read_chunks,
+                "read_busy_s": c.read_busy_s,
+                "read_gbps": c.read_bytes / c.read_busy_s / 1e9 if c.read_busy_s else 0.0,
+                "duplicate_chunks": c.duplicate_chunks, "read_errors": c.read_errors,
+                "corrupt_chunks": c.corrupt_chunks, "missing_files": c.missing_files,
+                "write_bytes": c.write_bytes, "write_chunks": c.write_chunks, "write_errors": c.write_errors,
+                "write_skipped_full": c.write_skipped_full,
+                "write_skipped_unhealthy": c.write_skipped_unhealthy, "already_present": c.already_present,
+                "evicted_chunks": c.evicted_chunks, "evicted_bytes": c.evicted_bytes,
+                "read_latency_p50_s": lat[len(lat) // 2] if lat else None,
+                "read_latency_p99_s": lat[min(len(lat) - 1, int(len(lat) * 0.99))] if lat else None,
+                "circuit": self.health[t.position].state, "circuit_opened": self.health[t.position].opened,
+                "index_load_s": t.index.load_seconds, "removed_temporaries": t.removed_temporaries,
+            }
+        c = dict(self._c)
+        return {
+            "io_engine": self.engine.name, "router": self.config.router, "replication": self.config.replication,
+            **c,
+            "write_amplification": written / c["put_file_bytes"] if c["put_file_bytes"] else 0.0,
+            "memory": {"capacity_bytes": self.memory.capacity_bytes, "used_bytes": self.memory.used_bytes(),
+                       "chunks": len(self.memory), "hits": self.memory.hits, "evictions": self.memory.evictions,
+                       "overflow_buffers": self.memory.overflow_buffers,
+                       "buffer_allocations": self.memory.pool.allocations, "buffer_reuses": self.memory.pool.reuses},
+            "tiers": tiers,
+        }
+
+
+def open_store(config: "StoreConfig | dict[str, Any] | str | os.PathLike[str]") -> Store:
+    """Open (or create) a store. ``config``: a :class:`StoreConfig`, a dict of the same fields, or a YAML path.
+
+    Raises :class:`kvstream.errors.ConfigError` naming the field for any bad value, missing or unwritable folder.
+    """
+    return Store(StoreConfig.from_any(config))

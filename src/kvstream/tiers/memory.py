@@ -1,0 +1,146 @@
+"""The host-memory tier: a bounded pool of aligned buffers holding chunk file images (header + payload).
+
+An entry is *dirty* while copies of it are still to be written to disk tiers (it can't be evicted: it may be
+the only copy) and *clean* afterwards; only clean entries are known to the eviction policy. The same buffer
+serves the memory hit, the O_DIRECT write and the read that filled it: nothing is copied between them.
+
+Invariants:
+- bytes held (pool.allocated_bytes) never exceed ``capacity_bytes``; reads that need more than that get
+  unpooled buffers which are never cached (counted in ``overflow_buffers``).
+- a buffer returns to the pool only when its entry is evicted, and is reused only once no memoryview a caller
+  got from it is alive (see kvstream.io.buffers) — so a caller never sees its bytes change.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+
+from kvstream.eviction import AccessMeta, EvictionPolicy, make_eviction_policy
+from kvstream.format import HEADER_BYTES, ChunkHeader
+from kvstream.io.buffers import AlignedBuffer, BufferPool
+
+__all__ = ["HostMemoryTier", "MemEntry"]
+
+
+@dataclass(eq=False)
+class MemEntry:
+    key: bytes
+    buf: AlignedBuffer  # the chunk's file image: header at 0, payload at HEADER_BYTES
+    header: ChunkHeader
+    dirty: int = 0  # disk writes of this entry not finished yet
+    position: int | None = None  # chunk index within its prefix, if known (for replication placement)
+
+    def payload(self) -> memoryview:
+        """Read-only view of the payload (callers must not be able to change a cached chunk)."""
+        return self.buf.readonly(HEADER_BYTES, HEADER_BYTES + self.header.payload_len)
+
+    @property
+    def file_size(self) -> int:
+        return self.header.file_size
+
+
+class HostMemoryTier:
+    def __init__(self, capacity_bytes: int, eviction: str = "lru") -> None:
+        self.capacity_bytes = capacity_bytes
+        self.pool = BufferPool(capacity_bytes)
+        self.policy: EvictionPolicy = make_eviction_policy(eviction)
+        self._entries: dict[bytes, MemEntry] = {}
+        self._lock = threading.RLock()
+        self.hits = 0
+        self.evictions = 0
+        self.overflow_buffers = 0
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._entries
+
+    def get(self, key: bytes, *, meta: AccessMeta | None = None) -> MemEntry | None:
+        with self._lock:
+            e = self._entries.get(key)
+            if e is not None:
+                self.hits += 1
+                if e.dirty == 0:
+                    self.policy.on_access(key, meta=meta)
+            return e
+
+    def allocate(self, nbytes: int) -> AlignedBuffer | None:
+        """A pooled buffer of at least ``nbytes``, evicting clean entries if needed; None if all memory is dirty."""
+        with self._lock:
+            while True:
+                buf = self.pool.acquire(nbytes)
+                if buf is not None:
+                    return buf
+                if not self._evict_one():
+                    return None
+
+    def allocate_or_overflow(self, nbytes: int) -> tuple[AlignedBuffer, bool]:
+        """A buffer for a read: pooled if possible, else an unpooled one. Returns (buffer, pooled)."""
+        buf = self.allocate(nbytes)
+        if buf is not None:
+            return buf, True
+        self.overflow_buffers += 1
+        return AlignedBuffer(BufferPool.size_class(nbytes)), False
+
+    def release(self, buf: AlignedBuffer, pooled: bool = True) -> None:
+        if pooled:
+            self.pool.release(buf)
+
+    def insert(self, entry: MemEntry, *, dirty: bool, meta: AccessMeta | None = None) -> MemEntry:
+        """Cache ``entry`` (its buffer must be pooled). If the key is already cached the new buffer is released
+        and the existing entry returned."""
+        with self._lock:
+            old = self._entries.get(entry.key)
+            if old is not None:
+                self.pool.release(entry.buf)
+                return old
+            self._entries[entry.key] = entry
+            if dirty:
+                entry.dirty += 1
+            else:
+                self.policy.on_insert(entry.key, entry.buf.capacity, meta=meta)
+            return entry
+
+    def mark_dirty(self, entry: MemEntry) -> None:
+        with self._lock:
+            if entry.dirty == 0 and self._entries.get(entry.key) is entry:
+                self.policy.on_remove(entry.key)
+            entry.dirty += 1
+
+    def mark_clean(self, entry: MemEntry) -> None:
+        """One pending write of ``entry`` finished; at zero it becomes evictable."""
+        with self._lock:
+            entry.dirty -= 1
+            if entry.dirty == 0:
+                if self._entries.get(entry.key) is entry:
+                    self.policy.on_insert(entry.key, entry.buf.capacity)
+                else:  # dropped from the cache while being written
+                    self.pool.release(entry.buf)
+
+    def discard(self, key: bytes) -> None:
+        with self._lock:
+            e = self._entries.pop(key, None)
+            if e is None:
+                return
+            if e.dirty == 0:
+                self.policy.on_remove(key)
+                self.pool.release(e.buf)
+
+    def _evict_one(self) -> bool:
+        key = self.policy.victim()
+        if key is None:
+            return False
+        self.policy.on_remove(key)
+        e = self._entries.pop(key)
+        self.pool.release(e.buf)
+        self.evictions += 1
+        return True
+
+    def used_bytes(self) -> int:
+        return self.pool.allocated_bytes
+
+    def dirty_count(self) -> int:
+        with self._lock:
+            return sum(1 for e in self._entries.values() if e.dirty)
