@@ -218,7 +218,7 @@ class _MitmSchedule(ReadSchedule):
         self._pos = {c: p for p, c in enumerate(self._order)}
         self._claimed = [False] * self.n  # by position
         n = self.n
-        self._home = [round(k * (n - 1) / (n_tiers - 1)) if n_tiers > 1 else 0 for k in range(n_tiers)]
+        self._home = [max(0, round(k * (n - 1) / (n_tiers - 1))) if n_tiers > 1 else 0 for k in range(n_tiers)]
         # Two cursors per tier: lo walks toward the front, hi toward the back; both start at home.
         self._lo = [h - 1 for h in self._home]
         self._hi = list(self._home)
