@@ -15,7 +15,7 @@ def cfg(tmp_path, **kw):
     return base
 
 
-@pytest.mark.parametrize("value,expect", [(4096, 4096), ("4KiB", 4096), ("2GB", 2 * 10**9), ("1.5M", 1_500_000)])
+@pytest.mark.parametrize("value,expect", [(4096, 4096), ("4KiB", 4096), ("4k", 4096), ("2GB", 2 * 10**9), ("1.5M", 1_572_864), ("48MiB", 48 << 20)])
 def test_sizes(value, expect):
     assert parse_size(value, "f") == expect
 

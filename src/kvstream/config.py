@@ -30,20 +30,22 @@ from typing import Any
 
 from kvstream.errors import ConfigError
 
-__all__ = ["TierConfig", "StoreConfig", "parse_size", "parse_tier_specs"]
+__all__ = ["TierConfig", "StoreConfig", "parse_size", "parse_tier_specs", "size_arg"]
 
+# As in fio and dd, a bare letter is binary (4M = 4 MiB); "MB"/"GB" are decimal; "MiB"/"GiB" binary.
 _UNITS = {
     "": 1, "b": 1,
-    "k": 1000, "kb": 1000, "kib": 1024,
-    "m": 1000**2, "mb": 1000**2, "mib": 1024**2,
-    "g": 1000**3, "gb": 1000**3, "gib": 1024**3,
-    "t": 1000**4, "tb": 1000**4, "tib": 1024**4,
+    "k": 1024, "kb": 1000, "kib": 1024,
+    "m": 1024**2, "mb": 1000**2, "mib": 1024**2,
+    "g": 1024**3, "gb": 1000**3, "gib": 1024**3,
+    "t": 1024**4, "tb": 1000**4, "tib": 1024**4,
 }
 _SIZE_RE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([a-zA-Z]*)\s*$")
 
 
 def parse_size(value: Any, field_name: str) -> int:
-    """An int, or a number with a unit: ``k/M/G/T`` are powers of 1000, ``KiB/MiB/GiB/TiB`` of 1024."""
+    """An int, or a number with a unit: ``K/M/G/T`` and ``KiB/MiB/GiB/TiB`` are powers of 1024, ``KB/MB/GB/TB``
+    of 1000 (as in fio). Whole bytes only."""
     if isinstance(value, bool):
         raise ConfigError(field_name, f"expected a size, got {value!r}")
     if isinstance(value, int):
@@ -52,10 +54,25 @@ def parse_size(value: Any, field_name: str) -> int:
         n = int(value)
     elif isinstance(value, str) and (m := _SIZE_RE.match(value)) and m.group(2).lower() in _UNITS:
         n = int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+        if float(m.group(1)) * _UNITS[m.group(2).lower()] != n:
+            raise ConfigError(field_name, f"must be a whole number of bytes, got {value!r}")
     else:
         raise ConfigError(field_name, f"expected a size such as 4096, '512MiB' or '2GB', got {value!r}")
     if n < 0:
         raise ConfigError(field_name, f"must not be negative, got {value!r}")
+    return n
+
+
+def size_arg(text: str) -> int:
+    """:func:`parse_size` for argparse (``type=size_arg``): ``4M``, ``48MiB``, ``256K``, ``2GB``."""
+    import argparse
+
+    try:
+        n = parse_size(text, "size")
+    except ConfigError:
+        raise argparse.ArgumentTypeError(f"not a size: {text!r} (examples: 4M, 48MiB, 256K, 2GB)") from None
+    if n <= 0:
+        raise argparse.ArgumentTypeError(f"size must be positive, got {text!r}")
     return n
 
 

@@ -639,6 +639,15 @@ class Store:
                 t.drop(key)
         return found
 
+    def evict_memory(self) -> int:
+        """Drop every clean chunk from host memory (buffers stay in the pool for reuse); returns chunks dropped.
+        Benchmarks use it so a repeat reads from disk again; chunks not yet written stay."""
+        dropped = 0
+        with self._lock:
+            while self.memory._evict_one():
+                dropped += 1
+        return dropped
+
     def stats(self) -> dict[str, Any]:
         """Counters for operators and benchmarks; ``write_amplification`` = bytes written / bytes put."""
         tiers = {}

@@ -1,0 +1,110 @@
+"""``kvstream bench read``: the store's multi-tier read beside the aggregate-bandwidth bound, same run."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from typing import Any
+
+from kvstream.config import parse_tier_specs, size_arg
+
+__all__ = ["register"]
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    bench = subparsers.add_parser("bench", help="benchmarks that print the bound they are compared with")
+    sub = bench.add_subparsers(dest="bench_command", metavar="BENCH")
+    sub.required = True
+    p = sub.add_parser("read", help="read N chunks from the tiers with a router; compare with the raw-reader bound")
+    p.add_argument("--tier", action="append", required=True, metavar="NAME=PATH",
+                   help="a tier folder (give two or more; the first is the primary)")
+    p.add_argument("--chunks", type=int, default=64, help="chunks in the step (default 64)")
+    p.add_argument("--chunk-bytes", type=size_arg, default=4 << 20, help="payload bytes per chunk (default 4M)")
+    p.add_argument("--router", default="mitm", help="mitm | mitm:M | fixed:R | single:NAME (default mitm)")
+    p.add_argument("--repeat", type=int, default=5, help="measurements; medians are reported (default 5)")
+    p.add_argument("--engine", choices=["auto", "uring", "threads"], default="auto")
+    p.add_argument("--inflight", type=size_arg, default=32 << 20, help="read bytes in flight per tier (default 32M)")
+    p.add_argument("--depth", type=int, default=16, help="ring depth per tier (default 16)")
+    p.add_argument("--write-load", action="store_true", help="a concurrent write stream on the first tier")
+    p.add_argument("--bandwidth-schedule", metavar="T=BPS,...",
+                   help="throttle changes during each measurement, e.g. 0=400MB,0.3=150MB,0.6=400MB "
+                        "(needs --throttle-control and --throttle-device, see bench/testbed)")
+    p.add_argument("--throttle-control", default="/sys/fs/cgroup/blkio/kvstream-bench/blkio.throttle.read_bps_device")
+    p.add_argument("--throttle-device", help="MAJ:MIN of the throttled device (bench/testbed status prints it)")
+    p.add_argument("--throttled-tier", help="name of the tier the schedule throttles (default: the last)")
+    p.add_argument("--no-verify", action="store_true", help="skip payload checksums (to measure their cost)")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.set_defaults(handler=_read)
+
+
+def _same_device(paths: list[str]) -> bool:
+    devs = set()
+    for p in paths:
+        q = p
+        while not os.path.exists(q):
+            q = os.path.dirname(q) or "/"
+        devs.add(os.stat(q).st_dev)
+    return len(devs) < len(paths)
+
+
+def _read(args: argparse.Namespace) -> int:
+    from kvstream.benchmarks.read import BandwidthSchedule, ReadBenchConfig, run_read_bench
+    from kvstream.errors import UsageError
+
+    tiers = [(t["name"], t["path"]) for t in parse_tier_specs(args.tier, capacity_bytes=1)]
+    if args.chunks < 1 or args.repeat < 1:
+        raise UsageError("--chunks and --repeat must be at least 1")
+    sched = None
+    if args.bandwidth_schedule:
+        if not args.throttle_device:
+            raise UsageError("--bandwidth-schedule needs --throttle-device MAJ:MIN")
+        sched = BandwidthSchedule.parse(args.throttle_control, args.throttle_device, args.bandwidth_schedule)
+    shared_dev = _same_device([p for _, p in tiers])
+    if shared_dev and not args.json:
+        print("note: these tier folders are on the same device, so reading them in parallel cannot beat one "
+              "tier; use bench/testbed for an independent second channel.", file=sys.stderr)
+    cfg = ReadBenchConfig(tiers=tiers, chunks=args.chunks, chunk_bytes=args.chunk_bytes, router=args.router,
+                          repeat=args.repeat, io_engine=args.engine, inflight_bytes=args.inflight, depth=args.depth,
+                          write_load=args.write_load, bandwidth_schedule=sched,
+                          scheduled_tier=args.throttled_tier or tiers[-1][0], verify=not args.no_verify)
+    result = _run_with_progress(cfg, run_read_bench, quiet=args.json)
+    result["tiers_share_a_device"] = shared_dev
+    if args.json:
+        result.pop("runs")
+        print(json.dumps(result, indent=2))
+    else:
+        _print_read(result)
+    return 0
+
+
+def _run_with_progress(cfg: Any, fn: Any, quiet: bool) -> dict[str, Any]:
+    if quiet:
+        return fn(cfg)
+    from rich.progress import Progress
+
+    with Progress(transient=True) as prog:
+        task = prog.add_task(f"bench read ({cfg.router})", total=cfg.repeat)
+        return fn(cfg, progress=lambda done, total: prog.update(task, completed=done))
+
+
+def _print_read(r: dict[str, Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    gb = r["bytes"] / 1e9
+    t = Table(title=f"bench read: {r['chunks']} × {r['chunk_bytes'] / 2**20:g} MiB = {gb:.2f} GB, router "
+                    f"{r['router']}, engine {r['io_engine']}, median of {r['repeat']}")
+    for col in ("tier", "store bytes", "chunks", "duplicates", "store GB/s", "raw alone GB/s", "raw concurrent GB/s"):
+        t.add_column(col, justify="right")
+    for name, p in r["per_tier"].items():
+        t.add_row(name, f"{p['bytes'] / 1e9:.3f} GB", str(p["chunks"]), str(p["duplicates"]), f"{p['gbps']:.3f}",
+                  f"{r['tier_alone_gbps'][name]:.3f}", f"{p['raw_concurrent_gbps']:.3f}")
+    con = Console()
+    con.print(t)
+    con.print(f"store: {r['seconds']:.3f} s ({r['gbps']:.3f} GB/s)   bound: {r['bound_seconds']:.3f} s   "
+              f"over bound: {r['over_bound'] * 100:+.1f} % (runs: "
+              + ", ".join(f"{x * 100:+.1f}" for x in r["over_bound_runs"]) + ")")
+    con.print(f"payload verification: {r['verify_seconds']:.3f} s of CPU in the read loop "
+              f"({r['verify_seconds'] / max(r['seconds'], 1e-9) * 100:.1f} % of the read time)")
