@@ -50,7 +50,7 @@ from kvstream.format import (
 )
 from kvstream.health import CircuitBreaker
 from kvstream.io.buffers import AlignedBuffer
-from kvstream.io.engine import IOOp, OpKind, make_engine
+from kvstream.io.engine import IOEngine, IOOp, OpKind, make_engine
 from kvstream.replication import CopyOrder, ReadObservation, WriteIntent, parse_replication
 from kvstream.routing import ReadSchedule, parse_router
 from kvstream.tiers.files import DirectoryTier
@@ -136,9 +136,10 @@ def _as_bytes_view(payload: Any) -> tuple[memoryview, ChunkMeta | None]:
 class Store:
     """See the module docstring. Build one with :func:`open_store`."""
 
-    def __init__(self, config: StoreConfig) -> None:
+    def __init__(self, config: StoreConfig, *, engine: IOEngine | None = None) -> None:
         self.config = config
-        self.engine = make_engine(config.io_engine)
+        # ``engine`` lets tests and fault drills wrap the real engine (kvstream.io.faults); normally from config.
+        self.engine = engine if engine is not None else make_engine(config.io_engine)
         self.tiers: list[DirectoryTier] = []
         try:
             for i, tcfg in enumerate(config.tiers):
@@ -685,9 +686,10 @@ class Store:
         }
 
 
-def open_store(config: "StoreConfig | dict[str, Any] | str | os.PathLike[str]") -> Store:
+def open_store(config: "StoreConfig | dict[str, Any] | str | os.PathLike[str]", *,
+               engine: IOEngine | None = None) -> Store:
     """Open (or create) a store. ``config``: a :class:`StoreConfig`, a dict of the same fields, or a YAML path.
 
     Raises :class:`kvstream.errors.ConfigError` naming the field for any bad value, missing or unwritable folder.
     """
-    return Store(StoreConfig.from_any(config))
+    return Store(StoreConfig.from_any(config), engine=engine)

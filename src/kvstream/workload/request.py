@@ -28,10 +28,13 @@ class Request:
     session: Hashable | None = None  # conversation / user id; None for one-shot requests
     round_index: int = 0  # turn number within the session (0 = first)
     prev_answer_tokens: int | None = None  # the session's previous answer length (Bidaw's predictor input)
+    new_tokens: int | None = None  # prompt tokens first written in this request (the turn's query); None = unknown
 
     def __post_init__(self) -> None:
         if self.input_tokens < 0 or self.output_tokens < 0:
             raise ValueError(f"request {self.request_id}: negative token count")
+        if self.new_tokens is not None and not 0 <= self.new_tokens <= self.input_tokens:
+            raise ValueError(f"request {self.request_id}: new_tokens {self.new_tokens} outside 0..{self.input_tokens}")
         if self.arrival < 0:
             raise ValueError(f"request {self.request_id}: negative arrival time {self.arrival}")
         if len(self.chunk_ids) != self.input_tokens // CHUNK_TOKENS:
