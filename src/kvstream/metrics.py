@@ -1,0 +1,103 @@
+"""Prometheus metrics for operators, read from :meth:`Store.stats` at scrape time.
+
+A custom collector, not counters updated on the hot path: the store already keeps its own counts, so a
+scrape costs one ``stats()`` call and the read loop pays nothing. Names follow LMCache's style
+(``lmcache:`` prefix, snake case) under ``kvstream_``; per-tier series carry a ``tier`` label.
+
+    from prometheus_client import REGISTRY, start_http_server
+    kvstream.metrics.register(store)          # once per store
+    start_http_server(9400)                   # or LMCache's own metrics endpoint, which serves REGISTRY
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import REGISTRY, CollectorRegistry
+
+__all__ = ["StoreCollector", "register"]
+
+_PREFIX = "kvstream_"
+
+# stats()["tiers"][name] key -> (metric suffix, help, kind)
+_TIER_SERIES = {
+    "read_bytes": ("tier_read_bytes", "Bytes read from the tier (verified, duplicates included)", "counter"),
+    "read_chunks": ("tier_read_chunks", "Chunks read from the tier", "counter"),
+    "read_busy_s": ("tier_read_busy_seconds", "Seconds the tier had reads in flight", "counter"),
+    "duplicate_chunks": ("tier_duplicate_chunks", "Chunks read from the tier after another tier had delivered them", "counter"),
+    "read_errors": ("tier_read_errors", "Reads that failed with an I/O error", "counter"),
+    "corrupt_chunks": ("tier_corrupt_chunks", "Chunks that failed verification and were quarantined", "counter"),
+    "missing_files": ("tier_missing_files", "Indexed chunks whose file was gone", "counter"),
+    "write_bytes": ("tier_write_bytes", "Bytes written to the tier", "counter"),
+    "write_chunks": ("tier_write_chunks", "Chunks published on the tier", "counter"),
+    "write_errors": ("tier_write_errors", "Writes that failed", "counter"),
+    "write_skipped_full": ("tier_write_skipped_full", "Copies skipped because the tier was full", "counter"),
+    "write_skipped_unhealthy": ("tier_write_skipped_unhealthy", "Copies skipped because the tier's circuit was open", "counter"),
+    "evicted_chunks": ("tier_evicted_chunks", "Chunks evicted to stay within capacity", "counter"),
+    "chunks": ("tier_chunks", "Chunks the tier holds", "gauge"),
+    "used_bytes": ("tier_used_bytes", "Bytes of chunk files on the tier", "gauge"),
+    "capacity_bytes": ("tier_capacity_bytes", "Configured capacity of the tier", "gauge"),
+    "read_latency_p50_s": ("tier_read_latency_p50_seconds", "Median per-chunk read latency (recent reads)", "gauge"),
+    "read_latency_p99_s": ("tier_read_latency_p99_seconds", "P99 per-chunk read latency (recent reads)", "gauge"),
+}
+_STORE_SERIES = {
+    "puts": ("puts", "Chunks put", "counter"),
+    "put_bytes": ("put_bytes", "Payload bytes put", "counter"),
+    "puts_dropped_no_memory": ("puts_dropped_no_memory", "Puts dropped because host memory was all unwritten", "counter"),
+    "memory_hits": ("memory_hits", "Chunks served from host memory", "counter"),
+    "disk_hits": ("disk_hits", "Chunks served from a disk tier", "counter"),
+    "misses": ("misses", "Chunks asked for and not found (or lost to errors)", "counter"),
+    "lost_chunks": ("lost_chunks", "Chunks every holder failed to deliver", "counter"),
+    "read_steps": ("read_steps", "Multi-tier read calls", "counter"),
+    "read_seconds": ("read_seconds", "Seconds spent in read calls", "counter"),
+    "verify_seconds": ("verify_seconds", "Seconds spent verifying payload checksums", "counter"),
+    "hedged_reads": ("hedged_reads", "Reads re-issued on another tier after a deadline", "counter"),
+    "write_amplification": ("write_amplification", "Bytes written to all tiers / bytes put", "gauge"),
+}
+
+
+class StoreCollector:
+    """Collects one store's ``stats()`` into metric families; ``labels`` are added to every series."""
+
+    def __init__(self, store: Any, labels: dict[str, str] | None = None) -> None:
+        self.store = store
+        self.labels = dict(labels or {})
+
+    def describe(self) -> list:
+        return []  # generated at collect time; no fixed description needed
+
+    def collect(self) -> Iterator[Any]:
+        if getattr(self.store, "_closed", False):
+            return
+        st = self.store.stats()
+        lk = list(self.labels)
+        lv = list(self.labels.values())
+        for key, (name, doc, kind) in _STORE_SERIES.items():
+            fam = (CounterMetricFamily if kind == "counter" else GaugeMetricFamily)(_PREFIX + name, doc, labels=lk)
+            fam.add_metric(lv, float(st.get(key) or 0.0))
+            yield fam
+        mem = GaugeMetricFamily(_PREFIX + "memory_used_bytes", "Host-memory tier bytes held", labels=lk)
+        mem.add_metric(lv, float(st["memory"]["used_bytes"]))
+        yield mem
+        for key, (name, doc, kind) in _TIER_SERIES.items():
+            fam = (CounterMetricFamily if kind == "counter" else GaugeMetricFamily)(
+                _PREFIX + name, doc, labels=lk + ["tier"])
+            for tier, t in st["tiers"].items():
+                value = t.get(key)
+                fam.add_metric(lv + [tier], float(value) if value is not None else float("nan"))
+            yield fam
+        circuit = GaugeMetricFamily(_PREFIX + "tier_circuit_open", "1 while the tier's circuit breaker is open",
+                                    labels=lk + ["tier"])
+        for tier, t in st["tiers"].items():
+            circuit.add_metric(lv + [tier], 1.0 if t["circuit"] == "open" else 0.0)
+        yield circuit
+
+
+def register(store: Any, *, registry: CollectorRegistry = REGISTRY, labels: dict[str, str] | None = None
+             ) -> StoreCollector:
+    """Register a collector for ``store``; returns it (``registry.unregister(c)`` to remove)."""
+    c = StoreCollector(store, labels)
+    registry.register(c)
+    return c
