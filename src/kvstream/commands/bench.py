@@ -38,6 +38,19 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(handler=_read)
 
+    w = sub.add_parser("write", help="deferred replicated writes: throughput, bytes per tier, read/write interference")
+    w.add_argument("--tier", action="append", required=True, metavar="NAME=PATH")
+    w.add_argument("--chunks", type=int, default=64, help="chunks written in part 1 (default 64)")
+    w.add_argument("--chunk-bytes", type=size_arg, default=4 << 20)
+    w.add_argument("--replication", default="full", help="full | single | partial:F | lazy | selective")
+    w.add_argument("--engine", choices=["auto", "uring", "threads"], default="auto")
+    w.add_argument("--steps", type=int, default=8, help="steps of the serving loop in part 2 (default 8)")
+    w.add_argument("--read-chunks", type=int, default=16, help="chunks read per step (default 16)")
+    w.add_argument("--write-chunks", type=int, default=4, help="new chunks written per step (default 4)")
+    w.add_argument("--compute-ms", type=float, default=100.0, help="modelled forward pass per step (default 100)")
+    w.add_argument("--json", action="store_true")
+    w.set_defaults(handler=_write)
+
 
 def _same_device(paths: list[str]) -> bool:
     devs = set()
@@ -108,3 +121,39 @@ def _print_read(r: dict[str, Any]) -> None:
               + ", ".join(f"{x * 100:+.1f}" for x in r["over_bound_runs"]) + ")")
     con.print(f"payload verification: {r['verify_seconds']:.3f} s of CPU in the read loop "
               f"({r['verify_seconds'] / max(r['seconds'], 1e-9) * 100:.1f} % of the read time)")
+
+
+def _write(args: argparse.Namespace) -> int:
+    from kvstream.benchmarks.write import WriteBenchConfig, run_write_bench
+
+    tiers = [(t["name"], t["path"]) for t in parse_tier_specs(args.tier, capacity_bytes=1)]
+    cfg = WriteBenchConfig(tiers=tiers, chunks=args.chunks, chunk_bytes=args.chunk_bytes,
+                           replication=args.replication, io_engine=args.engine, steps=args.steps,
+                           read_chunks=args.read_chunks, write_chunks=args.write_chunks,
+                           compute_s=args.compute_ms / 1000)
+    r = run_write_bench(cfg)
+    if args.json:
+        print(json.dumps(r, indent=2))
+        return 0
+    from rich.console import Console
+    from rich.table import Table
+
+    con = Console()
+    w = r["write"]
+    t = Table(title=f"bench write: {cfg.chunks} × {cfg.chunk_bytes / 2**20:g} MiB, replication {cfg.replication}, "
+                    f"engine {r['io_engine']}")
+    for col in ("tier", "bytes written", "chunks", "raw concurrent write GB/s"):
+        t.add_column(col, justify="right")
+    for name, p in w["per_tier"].items():
+        t.add_row(name, f"{p['bytes'] / 1e9:.3f} GB", str(p["chunks"]), f"{w['raw_concurrent_write_gbps'][name]:.3f}")
+    con.print(t)
+    con.print(f"all published in {w['seconds']:.3f} s; bound {w['bound_seconds']:.3f} s "
+              f"({w['over_bound'] * 100:+.1f} %); write amplification {w['write_amplification']:.2f}")
+    s = r["steps"]
+    con.print(f"serving loop, {s['steps']} steps × ({s['read_chunks']} reads + {s['write_chunks']} writes), "
+              f"{s['compute_s'] * 1000:g} ms compute: read time per step (median) alone "
+              f"{s['alone']['read_seconds_per_step_median'] * 1000:.1f} ms, writes deferred "
+              f"{s['deferred']['read_seconds_per_step_median'] * 1000:.1f} ms "
+              f"({s['deferred_read_slowdown'] * 100:+.1f} % total), writes eager "
+              f"{s['eager']['read_seconds_per_step_median'] * 1000:.1f} ms ({s['eager_read_slowdown'] * 100:+.1f} % total)")
+    return 0
