@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvstream.config import StoreConfig
-from kvstream.errors import CorruptChunkError, StoreClosedError, UsageError
+from kvstream.errors import CorruptChunkError, StoreClosedError, TierError, UsageError
 from kvstream.eviction import AccessMeta
 from kvstream.format import (
     HEADER_BYTES,
@@ -61,6 +61,7 @@ __all__ = ["Store", "Chunk", "open_store"]
 log = logging.getLogger("kvstream.store")
 
 _ENOENT, _ENOSPC, _EDQUOT = 2, 28, 122
+_ENFILE, _EMFILE = 23, 24  # this process (or the system) is out of file descriptors: not the tier's fault
 
 
 @dataclass(frozen=True, slots=True)
@@ -292,6 +293,9 @@ class Store:
         submitted = 0
         for pw in pending:
             entry = pw.entry
+            if entry.removed:
+                self.memory.mark_clean(entry)
+                continue
             targets = pw.tiers
             if targets is None:
                 targets = self.replication.targets(
@@ -309,7 +313,7 @@ class Store:
             self.memory.mark_clean(entry)  # the put's own dirty mark; per-write marks were added above
         return submitted
 
-    def _submit_write(self, tier: DirectoryTier, entry: MemEntry) -> bool:
+    def _submit_write(self, tier: DirectoryTier, entry: MemEntry, attempt: int = 0) -> bool:
         fsize = entry.file_size
         if not tier.reserve(fsize):
             tier.counters.write_skipped_full += 1
@@ -324,7 +328,7 @@ class Store:
         with self._writes_cv:
             self._writes_inflight += 1
         op = IOOp(kind=OpKind.WRITE, fd=fd, buf=entry.buf, length=fsize, offset=0,
-                  callback=self._on_write_done, tag=(tier, entry, tmp))
+                  callback=self._on_write_done, tag=(tier, entry, tmp, attempt))
         try:
             tier.write_ring.submit([op])
         except StoreClosedError:
@@ -341,7 +345,7 @@ class Store:
             self._publish(op)
 
     def _publish(self, op: IOOp) -> None:
-        tier, entry, tmp = op.tag
+        tier, entry, tmp, attempt = op.tag
         fsize = op.length
         ok = op.result == fsize
         err = op.result if op.result < 0 else -5
@@ -352,10 +356,18 @@ class Store:
             ok, err = False, -(exc.errno or 5)
         finally:
             os.close(op.fd)
-        self._finish_write(tier, entry, tmp, fsize, ok=ok, err=err)
+        self._finish_write(tier, entry, tmp, fsize, ok=ok, err=err, attempt=attempt)
 
-    def _finish_write(self, tier: DirectoryTier, entry: MemEntry, tmp: str, fsize: int, *, ok: bool, err: int) -> None:
+    def _finish_write(self, tier: DirectoryTier, entry: MemEntry, tmp: str, fsize: int, *, ok: bool, err: int,
+                      attempt: int = 0) -> None:
         try:
+            if ok and entry.removed:  # removed while in flight: not a failure, just don't publish
+                try:
+                    os.unlink(tmp)
+                except FileNotFoundError:
+                    pass
+                tier.unreserve(fsize)
+                return
             if ok:
                 try:
                     tier.publish(entry.key, tmp, fsize)
@@ -364,13 +376,21 @@ class Store:
                     self.health[tier.position].on_success()
                 except OSError as exc:
                     ok, err = False, -(exc.errno or 5)
+                if ok and entry.removed:  # remove() raced with the publish above; its tier drop may have missed it
+                    tier.drop(entry.key)
             if not ok:
                 try:
                     os.unlink(tmp)
                 except FileNotFoundError:
                     pass
                 tier.unreserve(fsize)
-                self._write_failed(tier, err)
+                # Disk fuller than our share says (other users): evict this tier's own chunks and retry once,
+                # asynchronously (the entry stays dirty until the retry is done); else skip the copy, counted.
+                if -err in (_ENOSPC, _EDQUOT) and attempt == 0 and not self._closed and tier.make_room(fsize):
+                    tier.counters.write_retried_nospace += 1
+                    self._submit_write(tier, entry, attempt=1)  # a second failure is counted there
+                else:
+                    self._write_failed(tier, err)
         finally:
             self.memory.mark_clean(entry)
             with self._writes_cv:
@@ -384,7 +404,8 @@ class Store:
             tier.reserve(0)
         else:
             tier.counters.write_errors += 1
-            self.health[tier.position].on_failure(time.monotonic())
+            if -err not in (_EMFILE, _ENFILE):
+                self.health[tier.position].on_failure(time.monotonic())
         log.warning("tier %s: write failed (%s); copy skipped", tier.name, os.strerror(-err) if err < 0 else err)
 
     def drain(self, timeout: float | None = None) -> bool:
@@ -467,7 +488,14 @@ class Store:
             ops = []
             for j in claim:
                 i = disk_idx[j]
-                opened = tier.open_for_read(keys[i])
+                try:
+                    opened = tier.open_for_read(keys[i])
+                except TierError as exc:  # the tier cannot even open files: another replica, a breaker failure
+                    if exc.errno not in (_EMFILE, _ENFILE):  # out of descriptors is this process's shortage
+                        self.health[t].on_failure(time.monotonic())
+                    log.warning("%s", exc)
+                    sched.on_failed(t, j)
+                    continue
                 if opened is None:  # vanished since planning (evicted by another node)
                     sched.on_failed(t, j)
                     continue
@@ -630,10 +658,22 @@ class Store:
 
     # -- administration -------------------------------------------------------------------------------------
     def remove(self, key: bytes) -> bool:
-        """Delete a chunk from memory and every tier. Returns True if it was anywhere."""
+        """Delete a chunk from memory and every tier. Returns True if it was anywhere.
+
+        A put not yet flushed is cancelled, and a write already in flight is unpublished when it lands
+        (``MemEntry.removed``), so a removed key never reappears after :meth:`drain`."""
         self._check_open()
-        found = key in self.memory
-        self.memory.discard(key)
+        with self._lock:
+            entry = self.memory.peek(key)
+            found = entry is not None
+            if entry is not None:
+                entry.removed = True  # before the tier drops below: see _finish_write's re-check
+            cancelled = [pw for pw in self._pending if pw.entry.key == key]
+            if cancelled:
+                self._pending = [pw for pw in self._pending if pw.entry.key != key]
+            self.memory.discard(key)
+            for pw in cancelled:
+                self.memory.mark_clean(pw.entry)  # the put's own dirty mark, never taken by flush()
         for t in self.tiers:
             if t.contains(key):
                 found = True
@@ -667,6 +707,7 @@ class Store:
                 "write_bytes": c.write_bytes, "write_chunks": c.write_chunks, "write_errors": c.write_errors,
                 "write_skipped_full": c.write_skipped_full,
                 "write_skipped_unhealthy": c.write_skipped_unhealthy, "already_present": c.already_present,
+                "write_retried_nospace": c.write_retried_nospace,
                 "evicted_chunks": c.evicted_chunks, "evicted_bytes": c.evicted_bytes,
                 "read_latency_p50_s": lat[len(lat) // 2] if lat else None,
                 "read_latency_p99_s": lat[min(len(lat) - 1, int(len(lat) * 0.99))] if lat else None,

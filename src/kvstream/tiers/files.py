@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from kvstream.config import TierConfig
-from kvstream.errors import ConfigError
+from kvstream.errors import ConfigError, TierError
 from kvstream.eviction import EvictionPolicy, make_eviction_policy
 from kvstream.io.buffers import ALIGN, AlignedBuffer
 from kvstream.io.engine import IOEngine, Ring
@@ -61,6 +61,7 @@ class TierCounters:
     write_errors: int = 0
     write_skipped_full: int = 0  # copies not written because the disk was full even after eviction
     write_skipped_unhealthy: int = 0  # copies not written because the tier's circuit breaker was open
+    write_retried_nospace: int = 0  # writes retried after ENOSPC/EDQUOT, once room was made by eviction
     already_present: int = 0  # publishes that found the key published first
     evicted_chunks: int = 0
     evicted_bytes: int = 0
@@ -71,6 +72,16 @@ class TierCounters:
         lat.append(seconds)
         if len(lat) > 4096:
             del lat[:2048]
+
+
+def _write_private(path: Path, data: bytes) -> None:
+    """Create (or replace) a small file readable by its owner only, whatever the umask."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        os.fchmod(fd, 0o600)
+        os.write(fd, data)
+    finally:
+        os.close(fd)
 
 
 class DirectoryTier:
@@ -88,8 +99,9 @@ class DirectoryTier:
             (self.root / sub).mkdir(mode=0o700, exist_ok=True)
         marker = self.root / MARKER
         if not marker.exists():
-            marker.write_text(_MARKER_TEXT)
-            os.chmod(marker, 0o600)
+            _write_private(marker, _MARKER_TEXT.encode())
+        else:
+            self._check_marker(marker)
         self.node_id = node_id
         self.direct = self._probe_direct()
         self._open_flags_read = os.O_RDONLY | (os.O_DIRECT if self.direct else 0)
@@ -131,6 +143,18 @@ class DirectoryTier:
             probe.unlink()
         except OSError as exc:
             raise ConfigError(f, f"folder {self.root} is not writable: {exc.strerror}") from None
+
+    def _check_marker(self, marker: Path) -> None:
+        """Warn (once, at open) if the folder was made by another chunk format: its chunks will fail
+        verification and be quarantined one by one, never returned."""
+        try:
+            text = marker.read_text(errors="replace")
+        except OSError as exc:
+            log.warning("tier %s: cannot read %s: %s", self.name, marker, exc.strerror)
+            return
+        if text != _MARKER_TEXT:
+            log.warning("tier %s: %s says %r, this build writes %r; chunks that do not verify will be ignored",
+                        self.name, marker, text.strip()[:80], _MARKER_TEXT.strip())
 
     def _probe_direct(self) -> bool:
         mode = self.cfg.direct_io
@@ -221,17 +245,30 @@ class DirectoryTier:
 
     # -- reads ----------------------------------------------------------------------------------------------
     def open_for_read(self, key: bytes) -> tuple[int, int] | None:
-        """(fd, file size) for a read of the whole chunk file, or None if the tier does not have it."""
+        """(fd, file size) for a read of the whole chunk file, or None if the tier does not have it.
+
+        Raises :class:`TierError` if the tier cannot open it (I/O error, the tier folder vanished): the file
+        may be intact, so the key is kept; the caller reads another replica and counts a tier failure."""
         size = self.index.get(key)
         if size is None:
             return None
         try:
             fd = os.open(self.path_for(key), self._open_flags_read)
         except FileNotFoundError:
+            if not self.present():  # the whole tier is gone (unmounted): a tier failure, not a lost file
+                self.counters.read_errors += 1
+                raise TierError(self.name, "open", errno.ENOENT, f"tier folder {self.root} has vanished") from None
             self.counters.missing_files += 1
             self.drop(key, unlink=False)
             return None
+        except OSError as exc:  # EIO reading a directory block, EACCES, ESTALE: the tier fails, the file may be fine
+            self.counters.read_errors += 1
+            raise TierError(self.name, "open", exc.errno, f"{self.relpath(key)}: {exc.strerror}") from None
         return fd, size
+
+    def present(self) -> bool:
+        """True while the tier folder is still this tier (its marker is there: not unmounted or replaced)."""
+        return os.path.exists(self.root / MARKER)
 
     def on_hit(self, key: bytes) -> None:
         with self._lock:
@@ -262,6 +299,28 @@ class DirectoryTier:
             self.counters.evicted_bytes += size
         return fits
 
+    def make_room(self, nbytes: int) -> int:
+        """Evict this tier's chunks (eviction policy order) until ``nbytes`` are freed, whatever the capacity
+        says: the file system ran out of space first (ENOSPC/EDQUOT: other users). Returns bytes freed."""
+        victims: list[tuple[bytes, int]] = []
+        freed = 0
+        with self._lock:
+            while freed < nbytes:
+                key = self.policy.victim()
+                if key is None:
+                    break
+                self.policy.on_remove(key)
+                size = self.index.get(key) or 0
+                self._used -= size
+                freed += size
+                victims.append((key, size))
+        for key, size in victims:
+            self._delete_file(key)
+            self.index.record(OP_DEL, key)
+            self.counters.evicted_chunks += 1
+            self.counters.evicted_bytes += size
+        return freed
+
     def unreserve(self, nbytes: int) -> None:
         with self._lock:
             self._reserved -= nbytes
@@ -279,6 +338,7 @@ class DirectoryTier:
         final = self.path_for(key)
         d = os.path.dirname(final)
         if d not in self._made_dirs:
+            os.makedirs(os.path.dirname(d), mode=0o700, exist_ok=True)  # makedirs gives `mode` to the leaf only
             os.makedirs(d, mode=0o700, exist_ok=True)
             self._made_dirs.add(d)
         won = True
@@ -336,7 +396,7 @@ class DirectoryTier:
         dst = self.root / "quarantine" / f"{key.hex()}.{int(time.time())}.kvc"
         try:
             os.rename(src, dst)
-            (self.root / "quarantine" / (dst.name + ".why")).write_text(reason + "\n")
+            _write_private(self.root / "quarantine" / (dst.name + ".why"), (reason + "\n").encode())
         except OSError:
             self._delete_file(key)
         self.counters.corrupt_chunks += 1

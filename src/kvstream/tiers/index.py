@@ -25,6 +25,7 @@ from two processes end deleted.
 from __future__ import annotations
 
 import fcntl
+import logging
 import os
 import secrets
 import struct
@@ -36,6 +37,8 @@ from pathlib import Path
 
 import numpy as np
 import xxhash
+
+log = logging.getLogger("kvstream.index")
 
 __all__ = ["TierIndex", "IndexRecord", "OP_PUT", "OP_DEL", "pid_alive"]
 
@@ -78,6 +81,8 @@ def _decode_log(data: bytes) -> Iterator[IndexRecord]:
         if arr["magic"][j] != _MAGIC or xxhash.xxh32_intdigest(body) != int(arr["sum"][j]):
             return
         klen = int(arr["klen"][j])
+        if arr["op"][j] not in (OP_PUT, OP_DEL) or not 0 < klen <= 64:  # checksummed but not ours: foreign
+            return
         key = bytes(raw[off + 24 : off + 24 + klen])
         yield IndexRecord(int(arr["op"][j]), key, int(arr["size"][j]), int(arr["time"][j]))
 
@@ -107,6 +112,8 @@ class TierIndex:
         self.writable = writable
         self.load_seconds = 0.0
         self.compacted_logs = 0
+        self.append_errors = 0  # records that could not be appended to our log (see _append)
+        self._own_size = 0
         t0 = time.perf_counter()
         folder.mkdir(parents=True, exist_ok=True) if writable else None
         if writable:
@@ -141,7 +148,31 @@ class TierIndex:
         with self._lock:
             self._apply(rec)
             if self._own_fd is not None:
-                os.write(self._own_fd, _encode(rec))
+                self._append(_encode(rec))
+
+    def _append(self, data: bytes) -> None:
+        """Append one record; on failure (ENOSPC, EIO) cut the log back to its last whole record and go on.
+
+        Never raises: a record that did not reach the log only makes the index a worse hint after a restart
+        (a put not logged: the file is invisible until rewritten; a delete not logged: the entry reads as a
+        missing file and is dropped), the states the module docstring allows. A torn record mid-log would hide
+        every later one, hence the cut. Called with ``_lock`` held."""
+        try:
+            n = os.write(self._own_fd, data)  # type: ignore[arg-type]
+            if n == len(data):
+                self._own_size += n
+                return
+            err: OSError = OSError(28, "short append")
+        except OSError as exc:
+            err = exc
+        self.append_errors += 1
+        try:
+            os.ftruncate(self._own_fd, self._own_size)  # type: ignore[arg-type]
+        except OSError:
+            pass
+        if self.append_errors in (1, 10, 100) or self.append_errors % 1000 == 0:
+            log.warning("index %s: %d record(s) not logged (%s); the index is rebuilt from the files by "
+                        "`kvstream verify --repair`", self.folder, self.append_errors, err.strerror or err)
 
     def forget(self, key: bytes) -> None:
         """Drop an entry from memory only (its file was found missing: another node deleted it)."""
@@ -214,9 +245,13 @@ class TierIndex:
         if magic != _SNAP_MAGIC or xxhash.xxh3_64_intdigest(data[:body_end]) != int.from_bytes(data[body_end:], "little"):
             raise ValueError(f"{path}: bad snapshot checksum")
         off = _SNAP_HEAD.size
+        if names_len > body_end - off or count > (body_end - off - names_len) // _SNAP_DTYPE.itemsize:
+            raise ValueError(f"{path}: sizes in the header go past the end of the file")
         covered = set(data[off : off + names_len].decode().split("\n")) - {""}
         off += names_len
         arr = np.frombuffer(data, dtype=_SNAP_DTYPE, count=count, offset=off)
+        if count and (int(arr["klen"].min()) == 0 or int(arr["klen"].max()) > 64):
+            raise ValueError(f"{path}: key length out of range")
         sizes = arr["size"].tolist()
         klens = arr["klen"].tolist()
         keys = arr["key"].tolist()  # numpy strips trailing NULs: re-pad to the stored length
@@ -283,7 +318,11 @@ class TierIndex:
                     live[rec.key] = rec.file_size
                 else:
                     live.pop(rec.key, None)
-            self._write_snapshot(live, set(closed))
+            try:
+                self._write_snapshot(live, set(closed))
+            except OSError as exc:  # a full or failing tier must still open: compaction is only an optimisation
+                log.warning("index %s: compaction skipped: %s", self.folder, exc.strerror or exc)
+                return
             for name in closed:
                 (self.folder / name).unlink(missing_ok=True)
             self.compacted_logs = len(closed)
@@ -300,9 +339,17 @@ class TierIndex:
         names = "\n".join(sorted(covered)).encode()
         body = _SNAP_HEAD.pack(_SNAP_MAGIC, len(live), time.time_ns(), len(names)) + names + arr.tobytes()
         tmp = self.folder / f"snapshot.{os.getpid()}.{secrets.token_hex(4)}.tmp"
-        with open(tmp, "wb") as f:
+        try:
+            self._write_file(tmp, body)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+        os.replace(tmp, self.folder / "snapshot.idx")
+
+    @staticmethod
+    def _write_file(tmp: Path, body: bytes) -> None:
+        with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "wb") as f:
             f.write(body)
             f.write(xxhash.xxh3_64_intdigest(body).to_bytes(8, "little"))
             f.flush()
             os.fsync(f.fileno())
-        os.replace(tmp, self.folder / "snapshot.idx")

@@ -30,6 +30,7 @@ class MemEntry:
     header: ChunkHeader
     dirty: int = 0  # disk writes of this entry not finished yet
     position: int | None = None  # chunk index within its prefix, if known (for replication placement)
+    removed: bool = False  # Store.remove() ran while writes were in flight: they must not stay published
 
     def payload(self) -> memoryview:
         """Read-only view of the payload (callers must not be able to change a cached chunk)."""
@@ -118,6 +119,11 @@ class HostMemoryTier:
                     self.policy.on_insert(entry.key, entry.buf.capacity)
                 else:  # dropped from the cache while being written
                     self.pool.release(entry.buf)
+
+    def peek(self, key: bytes) -> MemEntry | None:
+        """The cached entry without counting a hit or touching the eviction order."""
+        with self._lock:
+            return self._entries.get(key)
 
     def discard(self, key: bytes) -> None:
         with self._lock:

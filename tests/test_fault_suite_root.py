@@ -1,0 +1,297 @@
+"""The fault suite on real kernel mechanisms (root): a full file system, a read-only remount, an unmounted
+tier, device EIO, a throttled (stalled) device, and device-mapper faults where the kernel has them.
+
+Each test says exactly why it cannot run (not root, no loop driver, no device-mapper, no blkio throttling,
+no quota support) and runs whenever it can. Every loop device, dm device, mount and cgroup it makes is named
+``kvs-fault-*`` and removed on the way out, also when the test fails (``bench/faults/kernel.py``).
+The in-process equivalents of these faults, which run everywhere, are in ``test_faults.py``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import kvstream
+from kvstream.commands.verify import verify_tier
+from kvstream.errors import ConfigError
+from kvstream.tiers.files import DirectoryTier
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "bench" / "faults"))
+import kernel  # noqa: E402
+
+pytestmark = pytest.mark.root
+
+
+def need(reason: str | None) -> None:
+    if reason is not None:
+        pytest.skip(reason)
+
+
+def payload_for(key: bytes, size: int) -> bytes:
+    return np.random.default_rng(int.from_bytes(key[:8], "little")).bytes(size)
+
+
+def make_keys(n: int, seed: int = 0) -> list[bytes]:
+    rng = random.Random(seed)
+    return [rng.randbytes(16) for _ in range(n)]
+
+
+def config(local: Path, shared: Path, **kw) -> dict:
+    base = {"tiers": [{"name": "local", "path": str(local), "capacity_bytes": "1GiB"},
+                      {"name": "shared", "path": str(shared), "capacity_bytes": "1GiB"}],
+            "memory_bytes": "64MiB", "create_dirs": True, "io_engine": "threads"}
+    base.update(kw)
+    return base
+
+
+def check_all(s, keys: list[bytes], size: int) -> None:
+    """Every key comes back, with exactly the bytes that were put (after host memory is emptied)."""
+    s.evict_memory()
+    out = s.get_many(keys)
+    assert [o is not None for o in out] == [True] * len(keys)
+    assert all(bytes(o) == payload_for(k, size) for k, o in zip(keys, out))
+
+
+def write(s, keys: list[bytes], size: int, every: int = 4) -> float:
+    """Put and flush; returns the slowest put+flush (the serving path must never wait on a failing tier)."""
+    worst = 0.0
+    for i in range(0, len(keys), every):
+        t0 = time.monotonic()
+        for k in keys[i:i + every]:
+            s.put(k, payload_for(k, size))
+        s.flush()
+        worst = max(worst, time.monotonic() - t0)
+    return worst
+
+
+# ── ENOSPC ─────────────────────────────────────────────────────────────────────────────────────────────────
+
+
+def test_a_full_file_system_evicts_retries_and_never_blocks_the_serving_path(disk_tmp):
+    need(kernel.missing_loop())
+    size = 1 << 20
+    keys = make_keys(56)
+    with kernel.loop_fs("enospc", 40 << 20) as fs:  # ~38 MiB usable; the tier is told it has 1 GiB
+        cfg = config(fs.mountpoint / "tier", disk_tmp / "shared")
+        with kvstream.open_store(cfg) as s:
+            worst = write(s, keys, size)
+            assert s.drain(60)
+            st = s.stats()["tiers"]
+            local = st["local"]
+            assert local["write_retried_nospace"] >= 1 and local["evicted_chunks"] >= 1
+            assert local["chunks"] + local["evicted_chunks"] + local["write_skipped_full"] >= len(keys)
+            assert st["shared"]["write_chunks"] == len(keys)
+            assert worst < 1.0, f"a put+flush took {worst:.2f} s"
+            check_all(s, keys, size)
+        assert not list((fs.mountpoint / "tier" / "tmp").iterdir())
+        assert not verify_tier(fs.mountpoint / "tier").errors
+
+
+# ── read-only tier ─────────────────────────────────────────────────────────────────────────────────────────
+
+
+def test_a_tier_turned_read_only_skips_copies_keeps_serving_and_recovers(disk_tmp):
+    need(kernel.missing_loop())
+    size = 256 << 10
+    keys = make_keys(24)
+    with kernel.loop_fs("ro", 64 << 20) as fs:
+        cfg = config(fs.mountpoint / "tier", disk_tmp / "shared")
+        with kvstream.open_store(cfg) as s:
+            s.health[0].cooldown_s = 0.2
+            write(s, keys[:8], size)
+            assert s.drain(10)
+            fs.freeze_readonly(fs.mountpoint / "tier")
+            worst = write(s, keys[8:16], size)
+            assert s.drain(10) and worst < 1.0
+            st = s.stats()["tiers"]
+            assert st["local"]["write_errors"] >= 1 and st["local"]["circuit_opened"] >= 1
+            assert st["local"]["write_errors"] + st["local"]["write_skipped_unhealthy"] == 8
+            assert st["shared"]["write_chunks"] == 16
+            check_all(s, keys[:16], size)
+            with pytest.raises(ConfigError, match=r"tiers\[0\]\.path.*not writable: Read-only file system"):
+                kvstream.open_store(cfg)
+            fs.thaw(fs.mountpoint / "tier")
+            time.sleep(0.25)  # breaker cool-down: the next write probes the tier
+            before = s.stats()["tiers"]["local"]["write_chunks"]
+            write(s, keys[16:], size)
+            assert s.drain(10)
+            assert s.stats()["tiers"]["local"]["write_chunks"] > before
+        assert not verify_tier(fs.mountpoint / "tier").errors
+
+
+# ── vanished tier ──────────────────────────────────────────────────────────────────────────────────────────
+
+
+def test_an_unmounted_tier_is_a_tier_failure_and_nothing_on_it_is_lost(disk_tmp):
+    need(kernel.missing_loop())
+    size = 256 << 10
+    keys = make_keys(12)
+    with kernel.loop_fs("gone", 64 << 20) as fs:
+        tier = fs.mountpoint / "tier"
+        cfg = config(tier, disk_tmp / "shared")
+        with kvstream.open_store(cfg) as s:
+            write(s, keys[:8], size)
+            assert s.drain(10)
+            fs.detach()  # umount -l: the folder is an empty mount point from now on
+            check_all(s, keys[:8], size)
+            worst = write(s, keys[8:], size)
+            assert s.drain(10) and worst < 1.0
+            local = s.stats()["tiers"]["local"]
+            assert local["read_errors"] >= 1 and local["circuit_opened"] >= 1
+            assert local["chunks"] == 8 and local["missing_files"] == 0  # not forgotten: the files are fine
+        fs.mount()
+        with kvstream.open_store({**cfg, "router": "single:local"}) as s:
+            check_all(s, keys[:8], size)
+            assert s.stats()["tiers"]["local"]["read_chunks"] == 8
+        assert not verify_tier(tier).errors
+
+
+# ── EIO from the device ────────────────────────────────────────────────────────────────────────────────────
+
+
+def test_eio_from_the_device_reads_the_other_replica_and_quarantines_nothing(disk_tmp):
+    need(kernel.missing_loop())
+    size = 256 << 10
+    keys = make_keys(12)
+    with kernel.loop_fs("eio", 64 << 20) as fs:
+        tier = fs.mountpoint / "tier"
+        with kvstream.open_store(config(tier, disk_tmp / "shared")) as s:
+            s.health[0].cooldown_s = 0.2
+            write(s, keys, size)
+            assert s.drain(10)
+            cut = min(kernel.first_block(tier / DirectoryTier.relpath(k)) for k in keys) // 4096 * 4096
+            fs.shrink(cut)  # every chunk's data is now past the end of the device
+            try:
+                check_all(s, keys, size)
+                local = s.stats()["tiers"]["local"]
+                assert local["read_errors"] >= 1 and local["circuit_opened"] >= 1
+                assert local["corrupt_chunks"] == 0 and local["chunks"] == 12  # EIO is not corruption
+            finally:
+                fs.restore_size()
+            time.sleep(0.25)
+            before = s.stats()["tiers"]["local"]["read_chunks"]
+            check_all(s, keys, size)
+            assert s.stats()["tiers"]["local"]["read_chunks"] > before  # probed back in
+        assert not list((tier / "quarantine").iterdir())
+        assert not verify_tier(tier).errors
+
+
+# ── a stalled device ───────────────────────────────────────────────────────────────────────────────────────
+
+
+def test_a_throttled_device_is_hedged_and_taken_out_of_routing(disk_tmp):
+    need(kernel.missing_loop())
+    need(kernel.missing_blkio())
+    size = 256 << 10
+    keys = make_keys(16)
+    with kernel.loop_fs("stall", 64 << 20) as fs:
+        with kvstream.open_store(config(fs.mountpoint / "tier", disk_tmp / "shared", hedge_after_s=0.03)) as s:
+            write(s, keys, size)
+            assert s.drain(10)
+            bound = len(keys) * (size + 4096) / (1 << 20)  # seconds if every read waited for the 1 MiB/s tier
+            with kernel.throttle_reads(fs.maj_min(), 1 << 20):
+                steps = []
+                for _ in range(3):
+                    t0 = time.monotonic()
+                    check_all(s, keys, size)
+                    steps.append(time.monotonic() - t0)
+                st = s.stats()
+            assert max(steps) < bound / 3, (steps, bound)
+            assert st["hedged_reads"] >= 3 and st["tiers"]["local"]["circuit"] == "open"
+
+
+# ── device-mapper faults (where the kernel has device-mapper) ──────────────────────────────────────────────
+
+
+@pytest.mark.parametrize("target", ["error", "flakey"])
+def test_dm_eio_under_a_mounted_tier(disk_tmp, target):
+    need(kernel.missing_loop())
+    need(kernel.missing_dm(target))
+    size = 256 << 10
+    keys = make_keys(12)
+    with kernel.loop_fs(f"dm-{target}", 64 << 20, dm=True) as fs:
+        tier = fs.mountpoint / "tier"
+        with kvstream.open_store(config(tier, disk_tmp / "shared")) as s:
+            write(s, keys, size)
+            assert s.drain(10)
+            fs.dm_table(fs.table("error") if target == "error" else fs.table("flakey", 0, 60))
+            try:
+                check_all(s, keys, size)
+                local = s.stats()["tiers"]["local"]
+                assert local["read_errors"] >= 1 and local["corrupt_chunks"] == 0 and local["chunks"] == 12
+            finally:
+                fs.dm_table(fs.table("linear"))
+
+
+def test_dm_delay_stall_is_hedged(disk_tmp):
+    need(kernel.missing_loop())
+    need(kernel.missing_dm("delay"))
+    size = 256 << 10
+    keys = make_keys(16)
+    with kernel.loop_fs("dm-delay", 64 << 20, dm=True) as fs:
+        with kvstream.open_store(config(fs.mountpoint / "tier", disk_tmp / "shared", hedge_after_s=0.03)) as s:
+            write(s, keys, size)
+            assert s.drain(10)
+            fs.dm_table(fs.table("delay", 2000))
+            try:
+                t0 = time.monotonic()
+                check_all(s, keys, size)
+                assert time.monotonic() - t0 < 1.5 and s.stats()["hedged_reads"] >= 1
+            finally:
+                fs.dm_table(fs.table("linear"))
+
+
+# ── EDQUOT (a non-root writer over its quota) ──────────────────────────────────────────────────────────────
+
+_QUOTA_CHILD = r"""
+import json, sys, numpy as np, kvstream
+tier, n = sys.argv[1], int(sys.argv[2])
+cfg = {"tiers": [{"name": "q", "path": tier, "capacity_bytes": "1GiB"}], "replication": "single",
+       "memory_bytes": "32MiB", "io_engine": "threads"}
+with kvstream.open_store(cfg) as s:
+    for i in range(n):
+        s.put(i.to_bytes(16, "little"), np.full(1 << 20, i % 251, np.uint8))
+        s.flush()
+    s.drain(30)
+    print(json.dumps(s.stats()["tiers"]["q"]))
+"""
+
+
+def _set_block_quota(device: str, uid: int, kib: int) -> None:
+    import ctypes
+
+    class _DQ(ctypes.Structure):  # struct if_dqblk
+        _fields_ = [(n, ctypes.c_uint64) for n in ("bh", "bs", "cs", "ih", "is_", "ci", "bt", "it")] + [
+            ("valid", ctypes.c_uint32)]
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    q = _DQ(bh=kib, bs=kib, valid=1)  # QIF_BLIMITS
+    if libc.quotactl((0x800008 << 8) | 0, device.encode(), uid, ctypes.byref(q)) != 0:  # Q_SETQUOTA, USRQUOTA
+        raise OSError(ctypes.get_errno(), "quotactl(Q_SETQUOTA)")
+
+
+def test_edquot_for_a_writer_over_its_quota(disk_tmp):
+    need(kernel.missing_quota())
+    uid = 65534
+    with kernel.loop_fs("quota", 96 << 20, quota=True) as fs:
+        tier = fs.mountpoint / "tier"
+        tier.mkdir(mode=0o700)
+        os.chown(tier, uid, uid)
+        _set_block_quota(str(fs.device), uid, 24 << 10)  # 24 MiB for a writer of 40 MiB
+        r = subprocess.run([sys.executable, "-c", _QUOTA_CHILD, str(tier), "40"], capture_output=True, text=True,
+                           timeout=120, preexec_fn=lambda: (os.setgroups([]), os.setgid(uid), os.setuid(uid)),
+                           env={**os.environ, "PYTHONPATH": str(REPO / "src")})
+        assert r.returncode == 0, r.stderr[-2000:]
+        st = json.loads(r.stdout.strip().splitlines()[-1])
+        assert st["write_retried_nospace"] >= 1 and st["evicted_chunks"] >= 1
+        assert not verify_tier(tier).errors
