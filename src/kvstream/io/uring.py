@@ -1,7 +1,7 @@
 """The io_uring engine, in pure Python over the raw system calls (ctypes, no compiled extension).
 
-Why no binding: the PyPI ``liburing`` wheel dies with SIGILL on these CPUs (measured: it is built for a newer
-instruction set), and a compiled extension would be one more build step on every machine. The part of
+Why no binding: the packaged ``liburing`` Python wheel dies with SIGILL on these CPUs (measured by the team), and a
+compiled extension of our own would be one more build step on every machine. The part of
 io_uring a storage engine needs is small: set up a ring, map it, write 64-byte submission entries, read
 16-byte completion entries, and call ``io_uring_enter``. ctypes does all of it, and it releases the GIL for
 the duration of each foreign call, so a thread blocked in ``io_uring_enter`` costs nothing to the others.
@@ -20,8 +20,8 @@ threads or locks; :class:`UringRing` puts the ring contract of :mod:`kvstream.io
 #   submits and waits in one call: io_uring_enter(to_submit, min_complete=1, GETEVENTS).
 #   Why not enter from the submitting thread: submission is not cheap. For an O_DIRECT read the kernel
 #   pins the buffer's pages and builds the bios *inside* io_uring_enter, in the calling thread: measured
-#   here, 7 µs per 256 KiB op, 73 µs per 4 MiB op, 870 µs per 48 MiB op (a step of 40 such chunks would
-#   be 35 ms of the serving loop's time). With one issuer per ring, submit() costs the caller a few µs
+#   here (4 KiB-page buffers), 7 µs per 256 KiB op, 73 µs per 4 MiB op, 870 µs per 48 MiB op (a step of 40
+#   such chunks would be 35 ms of the serving loop's time). With one issuer per ring, submit() costs the caller a few µs
 #   whatever the op size, and a tier's read ring and write ring, and each tier, pay that cost on their own
 #   threads, in parallel. It also gives each ring one io-wq pool (io-wq workers belong to the thread that
 #   issued the request) rather than one per submitting thread, and a ring whose requests never belong to
@@ -60,21 +60,27 @@ threads or locks; :class:`UringRing` puts the ring contract of :mod:`kvstream.io
 #   where libatomic.so.1 is missing, unavailable_reason() says so and `auto` falls back to threads.
 #   (The aarch64 path is exercised on x86-64 by the tests; it has not run on aarch64 hardware yet.)
 #
-# What it costs (CPU per op, user + system of the whole process, O_DIRECT reads from the VM's virtio disk,
-# depth 16, 2 shared vCPUs, AMD EPYC, kernel 6.18; `flock /tmp/kvs-bench.lock python bench/engine_vs_fio.py
-# --cpu-per-op`; see docs/bench/io.md):
-#     op size     uring µs/op   threads µs/op
-#     4 KiB       (filled in from the measurement below)
-#     256 KiB
-#     4 MiB
+# What it costs (CPU per op: user + system of the whole process, reaper and io-wq threads included; depth
+# 16; 2 shared vCPUs (AMD EPYC, KVM), kernel 6.18, Python 3.11; median of 3 runs of
+# `flock /tmp/kvs-bench.lock .venv/bin/python bench/engine_vs_fio.py --cpu-per-op`, docs/bench/io.md):
+#     op size   source        uring µs/op   threads µs/op
+#     4 KiB     O_DIRECT          9.4           20.8
+#     256 KiB   O_DIRECT         11.0           13.6
+#     4 MiB     O_DIRECT         31.3           35.9
+#     4 KiB     page cache        8.2            8.5     (no device: the engine's own overhead, ~120k ops/s)
+#   The Python side (SQE pack, CQE unpack, bookkeeping, callback) is ~8 µs per op; the rest is the kernel
+#   pinning pages and building bios, which grows with op size. Reading 3 GiB in 4 MiB ops takes 0.02-0.03 s of
+#   CPU with uring and 0.05-0.06 s with threads. Bandwidth equals fio's on the same files when both sides have
+#   equally contiguous buffers (docs/bench/io.md).
 #
 # What is open (not done: no measurement here says it would help)
-# * Registered buffers (IORING_REGISTER_BUFFERS + READ_FIXED): saves pinning pages per op; matters for small
-#   ops at high IOPS, not for 4-80 MiB chunks. Would need the BufferPool to register its slabs.
+# * Registered buffers (IORING_REGISTER_BUFFERS + READ_FIXED): saves pinning the pages on every op. All told
+#   a 4 MiB op costs 31 µs of CPU, about 3 % of a core at the disk's ~1000 ops/s: not worth coupling the
+#   ring to the BufferPool (which would have to register its slabs) until a measurement says otherwise.
 # * Registered files (IORING_REGISTER_FILES): saves an fget/fput per op; same reasoning.
 # * SQPOLL: a kernel thread polling the SQ would spend one of the two cores here spinning.
-# * SINGLE_ISSUER + DEFER_TASKRUN (6.1+): fits the one-issuer design; needs the ring created or enabled on
-#   the reaper thread. Not measured yet.
+# * SINGLE_ISSUER + DEFER_TASKRUN (6.1+; ring created disabled, enabled by the reaper): measured, no gain
+#   (4 KiB O_DIRECT: 11.8-12.8 µs/op against 9.7-9.9 with COOP_TASKRUN; page cache: equal). Not used.
 # * Not fork-safe: a child inherits the mappings but not the reaper; create rings after fork.
 # ─────────────────────────────────────────────────────────────────────────────────────────────────────────────
 
@@ -508,21 +514,18 @@ class UringRing(Ring):
                 raise UsageError(f"ring '{self.label}': file offset must be >= 0, got {op.offset}")
         now = time.monotonic()
         with self._lock:
-            if self._closed:
-                raise StoreClosedError(f"ring '{self.label}' is closed")
             if self._broken is not None:
                 raise StoreClosedError(f"ring '{self.label}' is broken ({self._broken}) and takes no more ops")
+            if self._closed:
+                raise StoreClosedError(f"ring '{self.label}' is closed")
             for op in ops:
                 op.submitted_at = now
                 op.done_bytes = 0
                 op.result = 0
                 self._backlog.append(op)
                 self._pending += 1
-            ring = self._admit_locked() and self._waiting and not self._rung
-            if ring:
-                self._rung = True
-        if ring:
-            os.eventfd_write(self._efd, 1)
+            if self._admit_locked():
+                self._wake_locked()
 
     def inflight(self) -> int:
         return self._pending
@@ -538,15 +541,20 @@ class UringRing(Ring):
         when the last op is done (waiting there would wait for itself)."""
         with self._lock:
             self._closed = True
-            ring = self._waiting and not self._rung
-            if ring:
-                self._rung = True
-        if ring:
-            os.eventfd_write(self._efd, 1)
+            self._wake_locked()
         if threading.current_thread() is not self._reaper:
             self._reaper.join()
 
     # bookkeeping (all *_locked under self._lock)
+    def _wake_locked(self) -> None:
+        """Ring the doorbell if the reaper may be asleep in io_uring_enter and nobody has rung yet.
+
+        Under the lock (a ~1 µs write): the reaper closes the eventfd under the same lock, so a late write can
+        never reach a closed, or reused, descriptor number."""
+        if self._waiting and not self._rung and self._efd >= 0:
+            self._rung = True
+            os.eventfd_write(self._efd, 1)
+
     def _admit_locked(self) -> int:
         n = 0
         limits = self._limits
@@ -638,8 +646,12 @@ class UringRing(Ring):
                     self._drain_doorbell()
                 if backoff and not cqes:
                     time.sleep(0.0005)
+                failure: BaseException | None = None
                 if done and to_submit:  # get the next requests to the device before running callbacks
-                    self._submit_now(to_submit)
+                    try:
+                        self._submit_now(to_submit)
+                    except BaseException as exc:  # raised after the callbacks: reaped ops are still delivered
+                        failure = exc
                 for op in done:
                     self._callback(op)
                 if done:
@@ -647,14 +659,17 @@ class UringRing(Ring):
                         self._pending -= len(done)
                         if self._pending == 0:
                             self._drained.notify_all()
+                if failure is not None:
+                    raise failure
         except BaseException as exc:  # a broken ring (a bug, or the kernel refusing the ring itself)
             log.exception("io_uring ring '%s' failed; failing its pending ops", self.label)
             self._fail_all(exc)
         finally:
             with self._lock:
                 self._closed = True
-            self._raw.close()
-            os.close(self._efd)
+                self._raw.close()
+                os.close(self._efd)
+                self._efd = -1
 
     def _submit_now(self, to_submit: int) -> None:
         try:

@@ -1,0 +1,240 @@
+"""``kvstream probe PATH [PATH ...]``: measure each storage tier the way the KVStream paper's motivation does.
+
+For every PATH (a folder on one tier) the probe creates its own files there with O_DIRECT writes, then
+measures: the tier's write bandwidth alone; its read bandwidth alone, with per-chunk read latency P50/P99;
+all tiers read at once for a common time window (each tier's bandwidth meanwhile, and their sum: the
+aggregate-bandwidth bound a multi-tier read is held to); and
+per-chunk read latency again under a concurrent write load on the same tier (the paper's third finding: P99
+grows several-fold when reads and writes mix). Its files are removed at the end, also on error or Ctrl-C.
+
+Every figure is raw engine I/O (:mod:`kvstream.io.rawread`): no chunk format, no verification.
+"""
+
+from __future__ import annotations
+
+import argparse
+import errno
+import json
+import os
+import shutil
+import sys
+import tempfile
+import threading
+from pathlib import Path
+from typing import Any
+
+from kvstream.errors import UsageError
+from kvstream.io import make_engine
+from kvstream.io.buffers import ALIGN
+from kvstream.io.engine import IOEngine
+from kvstream.io.rawread import RawResult, direct_io_problem, read_files, read_tiers_concurrently, write_files
+
+__all__ = ["register", "parse_size", "probe"]
+
+_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+
+
+def parse_size(text: str) -> int:
+    """``4M``, ``48M``, ``256K``, ``1G``, ``4MiB`` or plain bytes -> bytes (binary units)."""
+    t = text.strip().upper().removesuffix("B").removesuffix("I")
+    num, unit = (t[:-1], t[-1]) if t and t[-1] in _UNITS else (t, "")
+    try:
+        value = float(num) * _UNITS[unit]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a size: {text!r} (examples: 4M, 48M, 256K, 1G)") from None
+    if value <= 0 or value != int(value):
+        raise argparse.ArgumentTypeError(f"size must be a positive whole number of bytes, got {text!r}")
+    return int(value)
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "probe",
+        help="measure each tier's read/write bandwidth, aggregate read bandwidth and per-chunk latency",
+        description=__doc__.split("\n\n")[1] if __doc__ else None,
+    )
+    p.add_argument("paths", nargs="+", metavar="PATH", help="a folder on each tier to probe")
+    p.add_argument("--size", type=parse_size, default=4 << 20, help="bytes per file = per chunk read (default 4M)")
+    p.add_argument("--total", type=parse_size, default=512 << 20, help="bytes of test files per tier (default 512M)")
+    p.add_argument("--depth", type=int, default=16, help="ops in flight per ring (default 16)")
+    p.add_argument("--engine", choices=["auto", "uring", "threads"], default="auto", help="I/O engine (default auto)")
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    p.set_defaults(handler=_run)
+
+
+def _run(args: argparse.Namespace) -> int:
+    if args.size % ALIGN:
+        raise UsageError(f"--size must be a multiple of {ALIGN} bytes for O_DIRECT, got {args.size}")
+    if args.total < args.size:
+        raise UsageError(f"--total ({args.total} B) must be at least --size ({args.size} B)")
+    if args.depth < 1:
+        raise UsageError(f"--depth must be >= 1, got {args.depth}")
+    paths = [Path(p) for p in args.paths]
+    if len(set(map(os.path.realpath, paths))) != len(paths):
+        raise UsageError("each PATH must be a different folder")
+    engine = make_engine(args.engine)
+    report = probe(paths, file_bytes=args.size, total_bytes=args.total, depth=args.depth, engine=engine)
+    if args.json:
+        json.dump(report, sys.stdout, indent=2)
+        print()
+    else:
+        _print_table(report)
+    return 0
+
+
+# ── measurement ────────────────────────────────────────────────────────────────────────────────────────────
+
+
+def _check_folder(path: Path, need_bytes: int) -> Path:
+    """Make the probe's own folder inside ``path``; every refusal is a UsageError naming the path."""
+    if not path.exists():
+        raise UsageError(f"{path}: no such folder")
+    if not path.is_dir():
+        raise UsageError(f"{path}: not a folder")
+    try:
+        free = shutil.disk_usage(path).free
+    except OSError as exc:
+        raise UsageError(f"{path}: cannot read free space: {exc.strerror}") from None
+    if free < need_bytes:
+        raise UsageError(f"{path}: {free >> 20} MiB free, the probe needs {need_bytes >> 20} MiB (lower --total)")
+    try:
+        work = Path(tempfile.mkdtemp(prefix=".kvstream-probe-", dir=path))
+    except OSError as exc:
+        why = "read-only file system" if exc.errno == errno.EROFS else exc.strerror
+        raise UsageError(f"{path}: cannot create files there ({why})") from None
+    problem = direct_io_problem(work)
+    if problem is not None:
+        shutil.rmtree(work, ignore_errors=True)
+        raise UsageError(f"{path}: {problem}; the probe would measure nothing useful there")
+    return work
+
+
+def _percentile(sorted_values: list[float], q: float) -> float:
+    """Linear interpolation between closest ranks (numpy's default), q in [0, 100]."""
+    if not sorted_values:
+        return float("nan")
+    k = (len(sorted_values) - 1) * q / 100
+    lo = int(k)
+    hi = min(lo + 1, len(sorted_values) - 1)
+    return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (k - lo)
+
+
+def _latency_ms(r: RawResult) -> dict[str, float]:
+    lat = sorted(r.latencies)
+    return {"p50_ms": round(_percentile(lat, 50) * 1e3, 3), "p99_ms": round(_percentile(lat, 99) * 1e3, 3)}
+
+
+def _gbps(r: RawResult) -> float:
+    return round(r.gbps, 3)
+
+
+def _mixed(files: list[Path], load: list[Path], file_bytes: int, depth: int, engine: IOEngine) -> dict[str, Any]:
+    """Read ``files`` while a writer keeps overwriting ``load`` on the same tier; both rings at ``depth``."""
+    stop = threading.Event()
+    started = threading.Event()
+    box: dict[str, Any] = {}
+
+    def writer() -> None:
+        try:
+            started.set()
+            box["write"] = write_files(load, file_bytes, engine=engine, depth=depth, until=stop, sync=False, label="probe-load")
+        except BaseException as exc:
+            box["error"] = exc
+
+    t = threading.Thread(target=writer, name="probe-write-load")
+    t.start()
+    started.wait()
+    try:
+        read = read_files(files, engine=engine, depth=depth, op_bytes=file_bytes, latencies=True, label="probe-mixed")
+    finally:
+        stop.set()
+        t.join()
+    if "error" in box:
+        raise box["error"]
+    w: RawResult = box["write"]
+    return {"read_gbps": _gbps(read), **{f"read_{k}": v for k, v in _latency_ms(read).items()}, "write_gbps": _gbps(w)}
+
+
+def probe(paths: list[Path], *, file_bytes: int, total_bytes: int, depth: int, engine: IOEngine) -> dict[str, Any]:
+    """Run every measurement; returns the report (the JSON output). Removes its files whatever happens."""
+    n = max(1, total_bytes // file_bytes)
+    n_load = max(1, n // 2)
+    need = (n + n_load) * file_bytes + (64 << 20)
+    works: dict[str, Path] = {}
+    try:
+        for p in paths:
+            works[str(p)] = _check_folder(p, need)
+        files = {name: [w / f"chunk-{i:05d}.bin" for i in range(n)] for name, w in works.items()}
+        report: dict[str, Any] = {
+            "engine": engine.name,
+            "file_bytes": file_bytes,
+            "files_per_tier": n,
+            "depth": depth,
+            "tiers": {},
+        }
+        for name in works:
+            w = write_files(files[name], file_bytes, engine=engine, depth=depth, label="probe-write")
+            report["tiers"][name] = {"write_gbps": _gbps(w)}
+        slowest = 0.0
+        for name in works:
+            r = read_files(files[name], engine=engine, depth=depth, op_bytes=file_bytes, latencies=True, label="probe-read")
+            report["tiers"][name].update({"read_gbps": _gbps(r), **{f"read_{k}": v for k, v in _latency_ms(r).items()}})
+            slowest = max(slowest, r.seconds)
+        # All tiers for one common window (as long as the slowest tier's pass alone, 1-10 s): each tier's
+        # bandwidth while the others read too, and their sum, the aggregate-bandwidth bound.
+        window = min(max(slowest, 1.0), 10.0)
+        agg = read_tiers_concurrently(files, engine=engine, depth=depth, op_bytes=file_bytes, seconds=window)
+        for name, r in agg.tiers.items():
+            report["tiers"][name]["read_in_aggregate_gbps"] = _gbps(r)
+        alone = sum(t["read_gbps"] for t in report["tiers"].values())
+        report["aggregate"] = {
+            "window_s": round(window, 2),
+            "read_gbps": round(agg.sum_gbps, 3),
+            "sum_of_alone_gbps": round(alone, 3),
+            "ratio_to_sum_of_alone": round(agg.sum_gbps / alone, 3) if alone else None,
+        }
+        for name, work in works.items():
+            load = [work / f"load-{i:05d}.bin" for i in range(n_load)]
+            report["tiers"][name]["under_write_load"] = _mixed(files[name], load, file_bytes, depth, engine)
+        return report
+    finally:
+        for work in works.values():
+            shutil.rmtree(work, ignore_errors=True)
+
+
+# ── output ─────────────────────────────────────────────────────────────────────────────────────────────────
+
+
+def _print_table(report: dict[str, Any]) -> None:
+    """One column per tier (paths are long, tiers are few), one row per measurement."""
+    from rich.console import Console
+    from rich.table import Table
+
+    tiers = report["tiers"]
+    table = Table(
+        title=f"kvstream probe: {report['files_per_tier']} files of {report['file_bytes'] >> 10} KiB per tier, "
+        f"depth {report['depth']}, engine {report['engine']}, O_DIRECT"
+    )
+    table.add_column("measurement")
+    for name in tiers:
+        table.add_column(name, justify="right", overflow="fold")
+
+    def row(label: str, fmt: Any) -> None:
+        table.add_row(label, *(fmt(t) for t in tiers.values()))
+
+    row("write GB/s, alone", lambda t: f"{t['write_gbps']:.2f}")
+    row("read GB/s, alone", lambda t: f"{t['read_gbps']:.2f}")
+    row("read ms per chunk P50 / P99, alone", lambda t: f"{t['read_p50_ms']:.1f} / {t['read_p99_ms']:.1f}")
+    row(f"read GB/s, all tiers at once ({report['aggregate']['window_s']:.1f} s)", lambda t: f"{t['read_in_aggregate_gbps']:.2f}")
+    row("read GB/s, under a write load", lambda t: f"{t['under_write_load']['read_gbps']:.2f}")
+    row(
+        "read ms per chunk P50 / P99, under writes",
+        lambda t: f"{t['under_write_load']['read_p50_ms']:.1f} / {t['under_write_load']['read_p99_ms']:.1f}",
+    )
+    row("write GB/s of that load", lambda t: f"{t['under_write_load']['write_gbps']:.2f}")
+    a = report["aggregate"]
+    console = Console()
+    console.print(table)
+    ratio = a["ratio_to_sum_of_alone"]
+    tail = f" = {ratio:.0%} of the sum of each tier alone ({a['sum_of_alone_gbps']:.2f} GB/s)" if ratio else ""
+    console.print(f"all tiers read at once (sum of the column above, the aggregate-bandwidth bound): {a['read_gbps']:.2f} GB/s{tail}")
