@@ -603,6 +603,9 @@ class HitPotentialConfig:
     small_buckets: int = 8  # the small range [0, C) split this many ways (resolution of the extreme threshold)
     promising_buckets: int = 10  # promising range: this many equal buckets from C ...
     promising_span: float = 2.0  # ... up to (1 + span) x C; beyond is the extreme range (hit rate 0)
+    # Extra bucket edges inside the extreme range (multiples of C): their hit rate is 0 like the rest of the range;
+    # they only give the elapsed-distance threshold (below) a resolution when returns come from far away.
+    extreme_edges: tuple[float, ...] = (4.0, 6.0, 8.0, 12.0, 16.0)
     # A conversation that has been away longer than all but this share of its answer bin's observed returns has
     # reached the extreme range: its potential drops to 0 (see the class docstring).
     extreme_tail: float = 0.01
@@ -610,10 +613,11 @@ class HitPotentialConfig:
     min_samples: int = 32  # a bin with fewer (decayed) samples uses the pooled histogram
     refresh_every: int = 64  # samples between recomputations of the potential table
     ghost_horizon: float = 4.0  # the ghost cache sees this many capacities of accessed bytes into its "future"
-    # Every this many visits, conversations with nothing resident that have been away beyond the extreme range
-    # are forgotten (kept only as "gone, answer bin b" in a bounded map), so memory follows the live set.
-    sweep_every: int = 1 << 16
-    gone_limit: int = 1 << 20
+    # A conversation away beyond the last edge counts as *departed*: one "never came back" observation for its
+    # answer bin (it lowers the bin's potential, not its threshold). Departed conversations with nothing resident
+    # are forgotten, so the policy's memory follows the live set. Each visit checks this many conversations, round
+    # robin (O(1) per visit; every conversation is checked within #conversations / sweep_per_visit visits).
+    sweep_per_visit: int = 2
 
     def __post_init__(self) -> None:
         if not self.answer_edges or list(self.answer_edges) != sorted(set(self.answer_edges)):
@@ -622,12 +626,16 @@ class HitPotentialConfig:
             raise ValueError("HitPotentialConfig: bucket counts and promising_span must be positive")
         if not 0 <= self.extreme_tail < 1:
             raise ValueError("HitPotentialConfig.extreme_tail must be in [0, 1)")
+        if list(self.extreme_edges) != sorted(set(self.extreme_edges)) or (
+            self.extreme_edges and self.extreme_edges[0] <= 1 + self.promising_span
+        ):
+            raise ValueError("HitPotentialConfig.extreme_edges must increase and start beyond 1 + promising_span")
 
 
 class _Group:
     """A conversation as the hit-potential policy sees it."""
 
-    __slots__ = ("keys", "heap", "bin", "visit", "known", "since")
+    __slots__ = ("keys", "heap", "bin", "visit", "known", "since", "departed")
 
     def __init__(self, unknown_bin: int) -> None:
         self.keys: dict[Hashable, int] = {}  # resident key -> tail order (position * 2^32 + seq)
@@ -636,6 +644,7 @@ class _Group:
         self.visit: Hashable = None  # identity of its latest visit (round index, or a counter)
         self.known: bool = False  # its latest visit had an answer length (so its next distance is a sample)
         self.since: int = 0  # the policy's byte volume when its latest visit began
+        self.departed: bool = False  # counted as "never came back" since its latest visit
 
 
 class _GhostBelady:
@@ -684,6 +693,16 @@ class _GhostBelady:
     def drain(self) -> None:
         while self._pending and self._pending_bytes - self._pending[0][2] >= self.horizon:
             self._process(self._pending.popleft())
+
+    def flush(self) -> None:
+        """Process every pending visit now (end of a trace; tests)."""
+        while self._pending:
+            self._process(self._pending.popleft())
+
+    def hit_rates(self) -> np.ndarray:
+        """Hits / visits per bucket (NaN where no visit was processed)."""
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return np.where(self.total > 0, self.hits / np.maximum(self.total, 1e-300), np.nan)
 
     def _process(self, rec: list[Any]) -> None:
         seq, group, nbytes, bucket, _done = rec
@@ -739,11 +758,12 @@ class HitPotentialPolicy(EvictionPolicy):
        linear ramp from 1 to 0 stands in.
     3. **Potential** of a conversation in answer bin ``a``:
        ``p_small * 1.0 + p_extreme * 0.0 + sum_i p_promising(i) * hit_promising(i)``, the probabilities being the
-       bin's histogram shares (Bidaw's formula).
+       bin's histogram shares (Bidaw's formula). Conversations that never come back are part of the extreme
+       share: one is counted as *departed* once it has been away beyond the last distance edge (16 C).
     4. **Elapsed distance** (this implementation's addition, needed once conversations can end): a conversation
-       that has been away longer than all but ``extreme_tail`` of its bin's observed returns (or longer than the
-       extreme edge) is in the extreme range by now, and its potential is 0. Without this rule a conversation
-       that never comes back would keep the potential of its bin forever.
+       that has been away longer than all but ``extreme_tail`` of its bin's observed returns is in the extreme
+       range by now, and its potential is 0. Without this rule a conversation that never comes back would keep
+       the potential of its bin until it is counted as departed.
 
     Eviction: conversations are kept per answer bin in the order of their latest visit. Within a bin the
     potential is the bin's value, dropping to 0 beyond the bin's threshold, so it is non-increasing in the time
@@ -770,13 +790,17 @@ class HitPotentialPolicy(EvictionPolicy):
         c = float(self.capacity)
         small = [c * (i + 1) / cfg.small_buckets for i in range(cfg.small_buckets)]
         prom = [c + c * cfg.promising_span * (i + 1) / cfg.promising_buckets for i in range(cfg.promising_buckets)]
-        self._edges = small + prom  # upper edges of the buckets; a distance >= the last edge is extreme
+        far = [c * x for x in cfg.extreme_edges]
+        self._edges = small + prom + far  # upper edges of the buckets; the last bucket is open
+        self._extreme_start = prom[-1]  # distances from here on have hit rate 0
         self._lower = np.asarray([0.0, *self._edges])  # lower edge of each bucket
         self._n_small = cfg.small_buckets
         self._n_buckets = len(self._edges) + 1
         self._n_bins = len(cfg.answer_edges) + 1
         self._unknown = self._n_bins  # index of the "answer length unknown" bin
-        self._hist = np.zeros((self._n_bins, self._n_buckets))  # answer bin x distance bucket, decayed counts
+        # answer bin x distance bucket, decayed counts (lists: one += per visit is cheaper than on a numpy array)
+        self._hist: list[list[float]] = [[0.0] * self._n_buckets for _ in range(self._n_bins)]
+        self._departed: list[float] = [0.0] * self._n_bins  # decayed "never came back" counts per answer bin
         self._since_decay = 0
         self._tracker = ReuseDistanceTracker()
         self._ghost = _GhostBelady(self.capacity, int(cfg.ghost_horizon * c), cfg.promising_buckets, cfg.half_life)
@@ -793,8 +817,8 @@ class HitPotentialPolicy(EvictionPolicy):
         self._last_group: Hashable = object()  # group of the previous event, to split visits without round ids
         self._visit_counter = 0
         self._ghost_rec: dict[Hashable, list[Any]] = {}  # group -> its current visit's ghost record
-        self._gone: OrderedDict[Hashable, int] = OrderedDict()  # forgotten group -> answer bin (-1 unknown)
         self._visits = 0
+        self._sweep_queue: deque[Hashable] = deque()  # every known group once, checked round robin
         self._seq = 0
 
     # -- model ------------------------------------------------------------------------------------------------
@@ -815,29 +839,30 @@ class HitPotentialPolicy(EvictionPolicy):
         g_tot, g_hit = self._ghost.total, self._ghost.hits
         ghost = np.where(g_tot >= 4, g_hit / np.maximum(g_tot, 1e-12), prior)
         rates[self._n_small : self._n_small + cfg.promising_buckets] = np.minimum.accumulate(np.clip(ghost, 0, 1))
-        rates[-1] = 0.0
+        rates[self._n_small + cfg.promising_buckets :] = 0.0
         return rates
 
-    def _distributions(self) -> np.ndarray:
-        """Rows: answer bins then "unknown"; columns: distance buckets; decayed counts (pooled where too few)."""
-        hist = self._hist
-        pooled = hist.sum(axis=0)
-        few = hist.sum(axis=1) < self.config.min_samples
-        dist = np.where(few[:, None], pooled[None, :], hist)
-        return np.vstack([dist, pooled[None, :]])
-
     def _compute_table(self) -> None:
-        dist = self._distributions()
-        mass = dist.sum(axis=1)
-        rates = self.bucket_hit_rates()
+        # Rows: answer bins, then "unknown" (pooled); a bin with too few samples uses the pooled row too.
+        hist = np.array(self._hist)
+        departed = np.array(self._departed)
+        pooled, pooled_departed = hist.sum(axis=0), departed.sum()
+        few = hist.sum(axis=1) < self.config.min_samples
+        hist[few] = pooled
+        departed[few] = pooled_departed
+        dist = np.vstack((hist, pooled))
+        departed = np.append(departed, pooled_departed)
+        # tail[b, j] = count of returns with D >= lower edge of bucket j; tail[b, 0] = all returns.
+        tail = np.cumsum(dist[:, ::-1], axis=1)[:, ::-1]
+        mass = tail[:, 0]
         has = mass > 1e-12
-        pot = np.where(has, (dist * rates).sum(axis=1) / np.where(has, mass, 1.0), 1.0)
-        # tail[b, j] = P(D >= lower edge of bucket j); the threshold is the first lower edge where it falls to
-        # extreme_tail or below (infinite when more than that share of returns lies in the open extreme bucket).
-        tail = np.cumsum(dist[:, ::-1], axis=1)[:, ::-1] / np.where(has, mass, 1.0)[:, None]
-        below = tail <= self.config.extreme_tail
+        # Departures are "distance infinite" samples: they dilute the potential but not the return thresholds.
+        pot = np.where(has, (dist @ self.bucket_hit_rates()) / np.where(has, mass + departed, 1.0), 1.0)
+        # The threshold is the first lower edge where the share of returns from that far falls to extreme_tail or
+        # below (infinite when more than that share of returns lies in the open last bucket).
+        below = tail <= self.config.extreme_tail * mass[:, None]
         first = below.argmax(axis=1)
-        thr = np.where(has & below.any(axis=1), self._lower[first], math.inf)
+        thr = np.where(has & below[np.arange(below.shape[0]), first], self._lower[first], math.inf)
         self._pot = pot.tolist()
         self._thr = thr.tolist()
         self._dirty = 0
@@ -857,11 +882,12 @@ class HitPotentialPolicy(EvictionPolicy):
         return 0.0 if e >= self._thr[g.bin] else self._pot[g.bin]
 
     def _sample(self, answer_bin: int, dist: float) -> None:
-        self._hist[answer_bin, self._bucket(dist)] += 1.0
+        self._hist[answer_bin][self._bucket(dist)] += 1.0
         self._dirty += 1
         self._since_decay += 1
         if self._since_decay >= self.config.half_life:
-            self._hist *= 0.5
+            self._hist = [[c * 0.5 for c in row] for row in self._hist]
+            self._departed = [c * 0.5 for c in self._departed]
             self._since_decay = 0
 
     # -- visits -----------------------------------------------------------------------------------------------
@@ -869,6 +895,7 @@ class HitPotentialPolicy(EvictionPolicy):
         g = self._groups.get(group)
         if g is None:
             g = self._groups[group] = _Group(self._unknown)
+            self._sweep_queue.append(group)
         rnd = meta.round_index if meta is not None else None
         if rnd is not None:
             visit_id: Hashable = ("r", rnd)
@@ -903,13 +930,9 @@ class HitPotentialPolicy(EvictionPolicy):
 
     def _new_visit(self, group: Hashable, g: _Group, visit_id: Hashable, answer: int | None) -> None:
         dist = self._tracker.visit(group, 0)
-        if dist is not None:
-            if g.known:
-                self._sample(g.bin, dist)
-        elif group in self._gone:  # back after being forgotten: its distance was extreme
-            gone_bin = self._gone.pop(group)
-            if gone_bin >= 0:
-                self._sample(gone_bin, math.inf)
+        if dist is not None and g.known and not g.departed:  # (a forgotten group's return was counted as departed)
+            self._sample(g.bin, dist)
+        g.departed = False
         bucket = -1
         if dist is not None:
             b = self._bucket(dist) - self._n_small
@@ -924,21 +947,31 @@ class HitPotentialPolicy(EvictionPolicy):
             self._bins[new_bin][group] = None
         g.bin = new_bin
         self._visits += 1
-        if self._visits % self.config.sweep_every == 0:
-            self._sweep()
+        self._sweep(self.config.sweep_per_visit)
 
-    def _sweep(self) -> None:
-        """Forget conversations with nothing resident that have been away beyond the extreme edge (amortised O(1))."""
-        extreme = self._edges[-1]
-        for group in [gr for gr, g in self._groups.items() if not g.keys]:
-            e = self._tracker.elapsed(group)
-            if e is None or e >= extreme:
-                g = self._groups.pop(group)
+    def _sweep(self, n: int) -> None:
+        """Check ``n`` conversations (round robin): count those away beyond the last edge as departed, and forget
+        the departed ones that have nothing resident."""
+        last = self._edges[-1]
+        queue = self._sweep_queue
+        for _ in range(min(n, len(queue))):
+            group = queue.popleft()
+            g = self._groups.get(group)
+            if g is None:
+                continue
+            if not g.departed:
+                e = self._tracker.elapsed(group)
+                if e is not None and e >= last:
+                    if g.known:
+                        self._departed[g.bin] += 1.0
+                        self._dirty += 1
+                    g.departed = True
+            if g.departed and not g.keys:
+                del self._groups[group]
                 self._tracker.forget(group)
                 self._ghost_rec.pop(group, None)
-                self._gone[group] = g.bin if g.known else -1
-        while len(self._gone) > self.config.gone_limit:
-            self._gone.popitem(last=False)
+                continue
+            queue.append(group)
 
     def on_insert(self, key: Hashable, size: int, *, now: float = 0.0, meta: AccessMeta | None = None) -> None:
         group = meta.session if meta is not None and meta.session is not None else key
@@ -1008,7 +1041,7 @@ class HitPotentialPolicy(EvictionPolicy):
 
     def histogram(self) -> np.ndarray:
         """Decayed counts, answer bin x distance bucket (a copy)."""
-        return self._hist.copy()
+        return np.asarray(self._hist)
 
     def bin_potentials(self) -> list[float]:
         """Potential of each answer bin (last: unknown answer length), as currently computed."""
