@@ -28,7 +28,7 @@ class Request:
     session: Hashable | None = None  # conversation / user id; None for one-shot requests
     round_index: int = 0  # turn number within the session (0 = first)
     prev_answer_tokens: int | None = None  # the session's previous answer length (Bidaw's predictor input)
-    new_tokens: int | None = None  # prompt tokens first written in this request (the turn's query); None = unknown
+    new_tokens: int | None = None  # prompt tokens not in this session's previous prompt (query + previous answer); None = unknown
 
     def __post_init__(self) -> None:
         if self.input_tokens < 0 or self.output_tokens < 0:

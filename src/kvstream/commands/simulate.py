@@ -1,0 +1,102 @@
+"""``kvstream simulate``: the discrete-event simulator, by scenario or on one trace.
+
+    kvstream simulate --list
+    kvstream simulate --scenario bound [--quick] [--out DIR] [--json]
+    kvstream simulate --scenario all --out sim-out          # every scenario, then `kvstream report --in sim-out`
+    kvstream simulate --trace conversation_trace.jsonl --system kvstream --model 70b --gpu h100
+
+A scenario prints the paper's figures beside its own and writes ``NAME.png`` and ``NAME.json`` into ``--out``.
+``--trace`` runs one system on a Mooncake-format trace and reports the simulated requests per wall second.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from kvstream.errors import UsageError
+
+__all__ = ["register"]
+
+_SYSTEMS = ("kvstream", "lmcache", "bidaw", "kvstream+bidaw")
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser("simulate", help="run the discrete-event simulator (paper scenarios or a trace)",
+                              description=__doc__.split("\n\n")[0] if __doc__ else None)
+    g = p.add_mutually_exclusive_group(required=True)
+    g.add_argument("--scenario", metavar="NAME", help="a scenario name, or 'all'")
+    g.add_argument("--trace", metavar="PATH", help="a Mooncake-format trace (jsonl) to run one system on")
+    g.add_argument("--list", action="store_true", help="list the scenarios and the TARGETS.md rows they cover")
+    p.add_argument("--quick", action="store_true", help="shrink the workloads (a first look; the docs use full runs)")
+    p.add_argument("--out", default="sim-out", help="folder for PNG and JSON results (default ./sim-out)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", action="store_true", help="print results as JSON")
+    p.add_argument("--system", choices=_SYSTEMS, default="kvstream", help="with --trace: the system to run")
+    p.add_argument("--model", default="70b", help="with --trace: model (14b, 32b, 70b, 110b, opt-13b, ...)")
+    p.add_argument("--gpu", default="h100", help="with --trace: h100, a100 or a800")
+    p.add_argument("--testbed", type=int, choices=(1, 2), default=1, help="with --trace: tier profile")
+    p.add_argument("--time-scale", type=float, default=1.0, help="with --trace: replay this many times faster")
+    p.add_argument("--host-gb", type=float, default=512.0, help="with --trace: host memory per node, GB")
+    p.set_defaults(handler=_run)
+
+
+def _run(args: argparse.Namespace) -> int:
+    from kvstream.sim.scenarios import SCENARIOS, run_scenario
+
+    if args.list:
+        for sc in SCENARIOS.values():
+            print(f"{sc.name:12s} {sc.targets:14s} {sc.title}")
+        return 0
+    if args.trace:
+        return _run_trace(args)
+    names = list(SCENARIOS) if args.scenario == "all" else [args.scenario]
+    for n in names:
+        if n not in SCENARIOS:
+            raise UsageError(f"unknown scenario {n!r}; known: {', '.join(SCENARIOS)} (or 'all')")
+    out = Path(args.out)
+    results = []
+    for n in names:
+        res = run_scenario(n, out, quick=args.quick, seed=args.seed)
+        results.append(res)
+        if not args.json:
+            print(res.table())
+            print()
+            sys.stdout.flush()
+    if args.json:
+        print(json.dumps([r.to_json() for r in results], indent=1))
+    return 0
+
+
+def _run_trace(args: argparse.Namespace) -> int:
+    from kvstream.sim.driver import Hardware, simulate
+    from kvstream.sim.scenarios import GB, kvstream, lmcache, testbed_tiers
+    from kvstream.workload.mooncake import read_mooncake
+
+    reqs = read_mooncake(args.trace, time_scale=args.time_scale)
+    tiers = testbed_tiers(args.testbed)
+    host = args.host_gb * GB
+    system = {
+        "kvstream": lambda: kvstream(tiers, host),
+        "lmcache": lambda: lmcache(tiers, host),
+        "bidaw": lambda: kvstream((tiers[0],), host, name="Bidaw", router="single:nvme", replication="single",
+                                  admit="ready", prefetch="hrrn"),
+        "kvstream+bidaw": lambda: kvstream(tiers, host, name="kvstream+bidaw", admit="ready", prefetch="hrrn"),
+    }[args.system]()
+    res = simulate([reqs], system, Hardware(gpu=args.gpu, model=args.model), seed=args.seed)
+    s = res.summary
+    out = {
+        "system": system.name, "requests": res.requests, "wall_s": res.wall_s,
+        "simulated_requests_per_s": res.requests_per_wall_s, "events": res.events, "sim_time_s": res.sim_time_s,
+        **{k: s[k] for k in ("ttft_mean_s", "ttft_p50_s", "ttft_p90_s", "ttft_p99_s", "queue_mean_s", "queue_len_mean",
+                             "throughput_rps", "slo_attainment", "read_time_per_step_s", "hit_hbm", "hit_host",
+                             "hit_disk", "storage_write_amplification", "storage_read_over_bound")},
+    }
+    if args.json:
+        print(json.dumps(out, indent=1))
+    else:
+        for k, v in out.items():
+            print(f"{k:28s} {v:.4g}" if isinstance(v, float) else f"{k:28s} {v}")
+    return 0

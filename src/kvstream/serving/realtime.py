@@ -1,0 +1,231 @@
+"""The real-time driver: the same :class:`~kvstream.serving.core.ServingCore` as the simulator, against a real
+store, on a real clock. Only the GPU is modelled: each forward step is *waited for* for its modelled duration,
+so every second of storage time in a run is real I/O.
+
+Event delivery follows the simulator's ordering rule exactly (:mod:`kvstream.sim.engine`): events due by now
+are handed to the core in ``(time, priority, seq)`` order — storage completions before step completions before
+arrivals — and each with its own time as ``now`` (an arrival at its scheduled time, a step at its modelled end,
+a load at the moment its last chunk landed), not the instant the loop noticed it. So identical event sequences
+give identical decisions in both drivers (tested with a virtual clock: ``tests/test_replay_driver.py``).
+
+Backends (what the core's actions are carried out on) implement :class:`RealtimeBackend`; loads run on the
+backend's own threads and report through :meth:`RealtimeDriver.post`.
+"""
+
+from __future__ import annotations
+
+import heapq
+import threading
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Hashable, Sequence
+from typing import Any
+
+from kvstream.serving.core import (
+    Action,
+    Arrival,
+    Event,
+    Flush,
+    LoadDone,
+    ReleaseChunks,
+    ServingCore,
+    StartLoad,
+    StartStep,
+    StepDone,
+    WriteChunks,
+)
+from kvstream.sim.engine import PRIO_ARRIVAL, PRIO_IO, PRIO_STEP
+from kvstream.workload.request import Request
+
+__all__ = ["Clock", "WallClock", "RealtimeBackend", "RealtimeDriver"]
+
+
+class Clock(ABC):
+    """Seconds since the run started, and a way to sleep that a posted completion can cut short."""
+
+    @abstractmethod
+    def now(self) -> float: ...
+
+    @abstractmethod
+    def wait(self, timeout: float) -> None:
+        """Block up to ``timeout`` seconds, or until :meth:`wake` is called."""
+
+    @abstractmethod
+    def wake(self) -> None: ...
+
+
+class WallClock(Clock):
+    def __init__(self) -> None:
+        self._t0 = time.monotonic()
+        self._cv = threading.Condition()
+        self._flag = False
+
+    def now(self) -> float:
+        return time.monotonic() - self._t0
+
+    def wait(self, timeout: float) -> None:
+        with self._cv:
+            if not self._flag and timeout > 0:
+                self._cv.wait(timeout)
+            self._flag = False
+
+    def wake(self) -> None:
+        with self._cv:
+            self._flag = True
+            self._cv.notify_all()
+
+
+class RealtimeBackend(ABC):
+    """The store side of a real-time run. ``lookup`` is the core's query; the rest carry out its actions."""
+
+    @abstractmethod
+    def lookup(self, chunk_ids: Sequence[Hashable]) -> tuple[int, int]: ...
+
+    @abstractmethod
+    def start_load(self, action: StartLoad, post: Callable[[LoadDone], None]) -> None:
+        """Start the load (on another thread); call ``post(LoadDone)`` when every chunk has landed."""
+
+    @abstractmethod
+    def write(self, action: WriteChunks) -> None: ...
+
+    @abstractmethod
+    def flush(self) -> None: ...
+
+    def release(self, chunk_ids: Sequence[Hashable]) -> None:  # the payloads went "to the GPU"
+        pass
+
+    def sample(self) -> dict[str, int]:
+        """Cumulative bytes read and written per tier (for the bytes-per-tier-over-time figure)."""
+        return {}
+
+    def close(self) -> None:
+        pass
+
+
+class RealtimeDriver:
+    """Runs one core against a backend in real time. ``speed`` compresses the arrival times."""
+
+    def __init__(self, core: ServingCore, backend: RealtimeBackend, requests: Sequence[Request], *,
+                 clock: Clock | None = None, speed: float = 1.0, sample_every_s: float = 0.5,
+                 on_progress: Callable[[int, int], None] | None = None,
+                 record: list[tuple[float, Event, tuple[Action, ...]]] | None = None) -> None:
+        self.core = core
+        self.backend = backend
+        self.requests = list(requests)
+        self.clock = clock or WallClock()
+        self.speed = speed
+        self.sample_every_s = sample_every_s
+        self.on_progress = on_progress
+        self.record = record
+        self._posted: list[tuple[float, int, int, Event]] = []  # guarded by _lock
+        self._lock = threading.Lock()
+        self._seq = 0
+        self._step: tuple[float, int] | None = None  # (modelled end, step id)
+        self.lag_s = 0.0  # worst delay between an event's time and its delivery (driver overhead)
+
+    def post(self, ev: LoadDone) -> None:
+        """Called by the backend (any thread) when a load has finished."""
+        t = self.clock.now()
+        with self._lock:
+            self._seq += 1
+            heapq.heappush(self._posted, (t, PRIO_IO, self._seq, ev))
+        self.clock.wake()
+
+    def _dispatch(self, actions: Sequence[Action], now: float) -> None:
+        for a in actions:
+            if isinstance(a, StartStep):
+                self._step = (now + a.duration, a.step_id)
+            elif isinstance(a, StartLoad):
+                self.backend.start_load(a, self.post)
+            elif isinstance(a, WriteChunks):
+                self.backend.write(a)
+            elif isinstance(a, Flush):
+                self.backend.flush()
+            elif isinstance(a, ReleaseChunks):
+                self.backend.release(a.chunk_ids)
+            else:  # pragma: no cover
+                raise TypeError(f"unknown action {a!r}")
+
+    def _deliver(self, t: float, ev: Event) -> None:
+        actions = self.core.handle(ev, t)
+        if self.record is not None:
+            self.record.append((t, ev, tuple(actions)))
+        self._dispatch(actions, t)
+
+    def _next_due(self, now: float, i: int) -> tuple[float, int, Event] | None:
+        """The earliest event due by ``now`` in ``(time, priority, seq)`` order, or None."""
+        best: tuple[float, int, int] | None = None
+        kind = ""
+        with self._lock:
+            if self._posted and self._posted[0][0] <= now:
+                best = self._posted[0][:3]
+                kind = "io"
+        if self._step is not None and self._step[0] <= now:
+            key = (self._step[0], PRIO_STEP, 0)
+            if best is None or key < best:
+                best, kind = key, "step"
+        if i < len(self.requests):
+            t = self.requests[i].arrival / self.speed
+            if t <= now:
+                key = (t, PRIO_ARRIVAL, 0)
+                if best is None or key < best:
+                    best, kind = key, "arrival"
+        if best is None:
+            return None
+        if kind == "io":
+            with self._lock:
+                t, prio, _, ev = heapq.heappop(self._posted)
+            return t, prio, ev
+        if kind == "step":
+            assert self._step is not None
+            t, sid = self._step
+            self._step = None
+            return t, PRIO_STEP, StepDone(step_id=sid)
+        return best[0], PRIO_ARRIVAL, Arrival(request=self.requests[i])
+
+    def run(self) -> None:
+        reqs = self.requests
+        i = 0
+        n = len(reqs)
+        done_prev = -1
+        next_sample = 0.0
+        while True:
+            now = self.clock.now()
+            if now >= next_sample:
+                self.core.metrics.tier_series.append((now, self.backend.sample()))
+                next_sample = now + self.sample_every_s
+            nxt = self._next_due(now, i)
+            if nxt is not None:
+                t, prio, ev = nxt
+                if prio == PRIO_ARRIVAL:
+                    i += 1
+                self.lag_s = max(self.lag_s, now - t)
+                self._deliver(t, ev)
+                if self.on_progress is not None:
+                    done = self.core.finished
+                    if done != done_prev:
+                        self.on_progress(done, n)
+                        done_prev = done
+                continue
+            if i >= n and self.core.idle and self._step is None:
+                with self._lock:
+                    if not self._posted:
+                        break
+            # Sleep until the next arrival or step end, or until a load posts.
+            wake_at = min(
+                reqs[i].arrival / self.speed if i < n else float("inf"),
+                self._step[0] if self._step is not None else float("inf"),
+                next_sample,
+            )
+            with self._lock:
+                if self._posted:
+                    wake_at = min(wake_at, self._posted[0][0])
+            self.clock.wait(max(wake_at - self.clock.now(), 0.0))
+        self._dispatch(self.core.flush_writes(), self.clock.now())
+        self.core.metrics.tier_series.append((self.clock.now(), self.backend.sample()))
+
+
+def run_realtime(core: ServingCore, backend: RealtimeBackend, requests: Sequence[Request], **kw: Any) -> RealtimeDriver:
+    d = RealtimeDriver(core, backend, requests, **kw)
+    d.run()
+    return d

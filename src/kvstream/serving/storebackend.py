@@ -1,0 +1,237 @@
+"""``kvstream replay``'s storage side: the real store behind the serving core's actions, and an emulated tier.
+
+:class:`StoreBackend` maps the core's chunk ids to store keys (namespaced by model), answers ``lookup`` from
+the store's index and host-memory tier, runs each :class:`StartLoad` as one ``read_chunks`` call on a worker
+thread (the store routes it over the tiers), ``put``\\ s each :class:`WriteChunks` chunk (a synthetic payload
+of the model's chunk size; its bytes do not matter, its size and the I/O do) and ``flush``\\ es at
+:class:`Flush`.
+
+:class:`ThrottledEngine` wraps the store's I/O engine and holds back completions on chosen rings so that
+they never exceed a bandwidth: with a tier on a RAM-backed folder this makes an *emulated* independent
+channel of known speed when the machine has only one real device. Every report that uses it says so.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import heapq
+import itertools
+import threading
+import time
+from collections.abc import Callable, Hashable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from kvstream.io.engine import DEFAULT_DEPTH, DEFAULT_MAX_BYTES, IOEngine, IOOp, OpKind, Ring
+from kvstream.keys import ChunkKeyer, KeyNamespace
+from kvstream.serving.core import LoadDone, StartLoad, WriteChunks
+from kvstream.serving.realtime import RealtimeBackend
+
+__all__ = ["StoreBackend", "ThrottledEngine"]
+
+
+class _Timer:
+    """One daemon thread running callbacks at due times."""
+
+    def __init__(self) -> None:
+        self._cv = threading.Condition()
+        self._heap: list[tuple[float, int, Callable[[], None]]] = []
+        self._seq = itertools.count()
+        self._thread: threading.Thread | None = None
+
+    def call_at(self, due: float, fn: Callable[[], None]) -> None:
+        with self._cv:
+            heapq.heappush(self._heap, (due, next(self._seq), fn))
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="kvs-throttle", daemon=True)
+                self._thread.start()
+            self._cv.notify()
+
+    def _run(self) -> None:
+        while True:
+            with self._cv:
+                while True:
+                    if not self._heap:
+                        if not self._cv.wait(timeout=1.0) and not self._heap:
+                            self._thread = None
+                            return
+                        continue
+                    due = self._heap[0][0]
+                    now = time.monotonic()
+                    if due <= now:
+                        _, _, fn = heapq.heappop(self._heap)
+                        break
+                    self._cv.wait(timeout=due - now)
+            fn()
+
+
+class _ThrottledRing(Ring):
+    """Completions leave no faster than ``bw`` bytes/s (a FIFO token bucket reserved at submit)."""
+
+    def __init__(self, inner: Ring, bw: float, timer: _Timer) -> None:
+        self.inner = inner
+        self.bw = bw
+        self.timer = timer
+        self.engine_name = f"{inner.engine_name}+throttle"
+        self._lock = threading.Lock()
+        self._free_at = 0.0
+        self._pending = 0
+        self._drained = threading.Condition(self._lock)
+
+    def submit(self, ops: Sequence[IOOp]) -> None:
+        with self._lock:
+            now = time.monotonic()
+            for op in ops:
+                self._free_at = max(self._free_at, now) + op.length / self.bw
+                op.callback = self._wrap(op.callback, self._free_at)
+                self._pending += 1
+        self.inner.submit(ops)
+
+    def _wrap(self, user_cb: Callable[[IOOp], None], due: float) -> Callable[[IOOp], None]:
+        def deliver(op: IOOp) -> None:
+            op.callback = user_cb
+            try:
+                user_cb(op)
+            finally:
+                with self._lock:
+                    self._pending -= 1
+                    self._drained.notify_all()
+
+        def on_complete(op: IOOp) -> None:
+            if time.monotonic() >= due:
+                deliver(op)
+            else:
+                self.timer.call_at(due, lambda: deliver(op))
+
+        return on_complete
+
+    def inflight(self) -> int:
+        with self._lock:
+            return self._pending
+
+    def drain(self, timeout: float | None = None) -> bool:
+        with self._lock:
+            return self._drained.wait_for(lambda: self._pending == 0, timeout)
+
+    def close(self) -> None:
+        self.drain()
+        self.inner.close()
+
+
+class ThrottledEngine(IOEngine):
+    """Wraps ``inner``; rings whose label matches a pattern in ``limits`` (``"shared-r"``, ``"shared-*"``) are
+    held to that many bytes/s."""
+
+    def __init__(self, inner: IOEngine, limits: dict[str, float]) -> None:
+        self.inner = inner
+        self.limits = dict(limits)
+        self.name = f"{inner.name}+throttle"
+        self._timer = _Timer()
+
+    def ring(self, label: str, *, depth: int = DEFAULT_DEPTH, max_bytes: int = DEFAULT_MAX_BYTES) -> Ring:
+        r = self.inner.ring(label, depth=depth, max_bytes=max_bytes)
+        for pat, bw in self.limits.items():
+            if fnmatch.fnmatchcase(label, pat):
+                return _ThrottledRing(r, bw, self._timer)
+        return r
+
+
+class StoreBackend(RealtimeBackend):
+    """The real store behind a real-time run (see the module docstring)."""
+
+    def __init__(self, store: Any, *, model: str, chunk_bytes: int, workers: int = 2) -> None:
+        import numpy as np
+
+        self.store = store
+        self.chunk_bytes = chunk_bytes
+        self.keyer = ChunkKeyer(KeyNamespace(model=model, kv_dtype="bfloat16", extra="kvstream-replay"))
+        self._keys: dict[Hashable, bytes] = {}
+        # One payload for every chunk: the I/O is real, the contents are not the point.
+        self.payload = np.random.default_rng(0).integers(0, 256, chunk_bytes, dtype=np.uint8).tobytes()
+        self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="kvs-replay-load")
+        self.load_s: list[float] = []
+        self._lock = threading.Lock()
+        self._staged: dict[bytes, tuple[bytes, int]] = {}  # key -> (payload copy, pins); see _load
+
+    def key(self, c: Hashable) -> bytes:
+        k = self._keys.get(c)
+        if k is None:
+            k = self._keys[c] = self.keyer.foreign(repr(c))
+        return k
+
+    def lookup(self, chunk_ids: Sequence[Hashable]) -> tuple[int, int]:
+        keys = [self.key(c) for c in chunk_ids]
+        n = self.store.lookup(keys)
+        mem = self.store.memory
+        return n, sum(1 for k in keys[:n] if k in mem)
+
+    def start_load(self, action: StartLoad, post: Callable[[LoadDone], None]) -> None:
+        self._pool.submit(self._load, action, post)
+
+    def _load(self, action: StartLoad, post: Callable[[LoadDone], None]) -> None:
+        t0 = time.perf_counter()
+        keys: list[bytes] = []
+        index: dict[bytes, int] = {}
+        for _, chunks in action.items:
+            for c in chunks:
+                k = self.key(c)
+                if k not in index:
+                    index[k] = len(keys)
+                    keys.append(k)
+        got = [False] * len(keys)
+        data: dict[bytes, bytes] = {}
+        try:
+            for i, chunk in self.store.read_chunks(keys):
+                if chunk is not None:
+                    got[i] = True
+                    # The engine's own staging copy (pinned host buffer / the GPU): held until the core
+                    # releases it, so a prefetched request keeps its KV even if the store evicts it meanwhile.
+                    data[keys[i]] = bytes(chunk.payload)
+        except Exception:  # a failing store must not hang the run: report what landed
+            pass
+        avail = []
+        with self._lock:
+            for rid, chunks in action.items:
+                n = 0
+                for c in chunks:
+                    k = self.key(c)
+                    if not got[index[k]]:
+                        break
+                    n += 1
+                    held = self._staged.get(k)
+                    self._staged[k] = (data[k], 1) if held is None else (held[0], held[1] + 1)
+                avail.append((rid, n))
+        self.load_s.append(time.perf_counter() - t0)
+        post(LoadDone(load_id=action.load_id, available=tuple(avail)))
+
+    def write(self, action: WriteChunks) -> None:
+        for j, c in enumerate(action.chunk_ids):
+            self.store.put(self.key(c), self.payload, position=action.first_position + j)
+
+    def flush(self) -> None:
+        self.store.flush()
+
+    def release(self, chunk_ids: Sequence[Hashable]) -> None:
+        with self._lock:
+            for c in chunk_ids:
+                k = self.key(c)
+                payload, pins = self._staged[k]
+                if pins > 1:
+                    self._staged[k] = (payload, pins - 1)
+                else:
+                    del self._staged[k]
+
+    @property
+    def staged_bytes(self) -> int:
+        with self._lock:
+            return sum(len(p) for p, _ in self._staged.values())
+
+    def sample(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for name, t in self.store.stats()["tiers"].items():
+            out[f"{name}.read"] = int(t["read_bytes"])
+            out[f"{name}.write"] = int(t["write_bytes"])
+        return out
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True)

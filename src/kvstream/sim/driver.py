@@ -1,0 +1,325 @@
+"""The simulator's driver: the serving core and the modelled store of each node on one event loop.
+
+Entities (a :class:`SimNode` per serving instance: its :class:`~kvstream.serving.core.ServingCore` and its
+:class:`~kvstream.sim.storage.SimStorage`), models (:class:`~kvstream.serving.gpu.CostModel`,
+:class:`~kvstream.sim.devices.Device`) and events (the core's own :mod:`kvstream.serving.core` events, on the
+:class:`~kvstream.sim.engine.EventLoop`) are kept apart: the driver only turns the core's actions into
+scheduled events and storage calls, exactly as ``kvstream replay`` turns them into real I/O and waits.
+
+Several nodes share a tier when its :class:`TierModel` says ``shared=True`` (one PFS for the cluster).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from kvstream.eviction import make_eviction_policy
+from kvstream.replication import parse_replication
+from kvstream.routing import parse_router
+from kvstream.serving.core import (
+    Action,
+    Arrival,
+    Event,
+    Flush,
+    LoadDone,
+    ReleaseChunks,
+    ServingConfig,
+    ServingCore,
+    StartLoad,
+    StartStep,
+    StepDone,
+    WriteChunks,
+)
+from kvstream.serving.gpu import CostModel, get_gpu, get_model_shape
+from kvstream.serving.metrics import RunMetrics, summarize
+from kvstream.sim.devices import Background, Bursty, Device, LatencyTail, Periodic, Steady
+from kvstream.sim.engine import PRIO_ARRIVAL, PRIO_SAMPLE, PRIO_STEP, EventLoop
+from kvstream.sim.storage import SimStorage, SimTier
+from kvstream.workload.request import CHUNK_TOKENS, Request
+
+__all__ = ["TierModel", "SystemConfig", "Hardware", "SimNode", "SimResult", "simulate", "parse_background"]
+
+
+def parse_background(spec: str | None, seed: int = 0) -> Background | None:
+    """``steady:SHARE`` | ``periodic:SHARE:PERIOD:DUTY`` | ``bursty:SHARE:MEAN_ON:MEAN_OFF`` | None."""
+    if not spec or spec == "none":
+        return None
+    kind, *args = spec.split(":")
+    vals = [float(a) for a in args]
+    if kind == "steady":
+        return Steady(*vals)
+    if kind == "periodic":
+        return Periodic(*vals)
+    if kind == "bursty":
+        return Bursty(*vals, seed=seed)
+    raise ValueError(f"unknown background traffic {spec!r}; expected steady:S, periodic:S:P:D or bursty:S:ON:OFF")
+
+
+@dataclass(frozen=True, kw_only=True)
+class TierModel:
+    """A modelled disk tier (see :mod:`kvstream.sim.devices` for what each field means)."""
+
+    name: str
+    read_bw: float  # bytes/s, alone
+    write_bw: float  # bytes/s, alone
+    interference: float = 0.0  # slowdown while reads and writes mix (0.06 / 0.27 in the paper)
+    read_share: float = 0.5  # share of the channel's time reads get while both kinds are in flight
+    tail: LatencyTail = LatencyTail()
+    background: str | None = None  # other tenants, e.g. "periodic:0.6:20:0.5"
+    shared: bool = False  # one device for all nodes (a PFS)
+    read_window: int = 2  # chunks in flight per load on this tier
+    write_depth: int = 4
+    capacity_bytes: float | None = None  # this node's share; None = unlimited
+    client_bw: float | None = None  # shared tier: each node's link to it (bytes/s); None = uncapped
+
+
+@dataclass(frozen=True, kw_only=True)
+class SystemConfig:
+    """One column of a comparison: tiers, policies and the serving loop's configuration."""
+
+    name: str
+    tiers: tuple[TierModel, ...]
+    router: str = "mitm"
+    replication: str | Callable[[], Any] = "full"  # a spec, or a factory of a policy object (one per node)
+    serving: ServingConfig = ServingConfig()
+    host_memory_bytes: float = 512e9
+    host_eviction: str = "lru"
+    verify_s: float = 0.0  # CPU seconds per chunk read (checksum check, hand-off); 0 = free
+
+    def replace(self, **kw: Any) -> "SystemConfig":
+        return dataclasses.replace(self, **kw)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Hardware:
+    gpu: str = "h100"
+    model: str = "14b"
+    tp: int = 4
+    hbm_kv_bytes: float | None = None  # override the cost model's KV capacity
+    storage_scale: float = 1.0  # stored bytes per chunk relative to K,V (0.5: Bidaw's compact tensor for MHA)
+
+    def cost_model(self) -> CostModel:
+        return CostModel(get_gpu(self.gpu), get_model_shape(self.model), self.tp)
+
+
+class SimNode:
+    """One serving instance in the simulation: core + store + its arrivals."""
+
+    def __init__(self, loop: EventLoop, core: ServingCore, storage: SimStorage, requests: Sequence[Request],
+                 *, on_change: Callable[[], None] | None = None,
+                 record: list[tuple[float, Event, tuple[Action, ...]]] | None = None) -> None:
+        self.loop = loop
+        self.core = core
+        self.storage = storage
+        self.requests = requests
+        self._next = 0
+        self._on_change = on_change
+        self.record = record
+        self._window = core.cfg.lookahead or (32 if core.cfg.prefetch != "none" else 0)
+
+    @property
+    def arrivals_left(self) -> int:
+        return len(self.requests) - self._next
+
+    def start(self) -> None:
+        if self.requests:
+            self.loop.at(self.requests[0].arrival, PRIO_ARRIVAL, self._arrive)
+
+    def _arrive(self) -> None:
+        r = self.requests[self._next]
+        self._next += 1
+        if self._next < len(self.requests):
+            self.loop.at(max(self.requests[self._next].arrival, self.loop.now), PRIO_ARRIVAL, self._arrive)
+        self.deliver(Arrival(request=r))
+
+    def deliver(self, ev: Event) -> None:
+        actions = self.core.handle(ev, self.loop.now)
+        if self.record is not None:
+            self.record.append((self.loop.now, ev, tuple(actions)))
+        self.dispatch(actions)
+        pol = self.storage.policy
+        if self._window and hasattr(pol, "set_window"):
+            pol.set_window(self.core.window_sessions(self._window))
+        if self._on_change is not None:
+            self._on_change()
+
+    def dispatch(self, actions: Sequence[Action]) -> None:
+        loop, storage = self.loop, self.storage
+        for a in actions:
+            if isinstance(a, StartStep):
+                loop.at(loop.now + a.duration, PRIO_STEP, self.deliver, StepDone(step_id=a.step_id))
+            elif isinstance(a, StartLoad):
+                storage.start_load(a.load_id, a.items, self.deliver, a.metas)
+            elif isinstance(a, WriteChunks):
+                storage.write(a)
+            elif isinstance(a, Flush):
+                storage.flush()
+            elif isinstance(a, ReleaseChunks):
+                storage.release(a.chunk_ids)
+            else:  # pragma: no cover
+                raise TypeError(f"unknown action {a!r}")
+
+    @property
+    def done(self) -> bool:
+        return self.arrivals_left == 0 and self.core.idle
+
+
+@dataclass
+class SimResult:
+    system: str
+    nodes: list[RunMetrics]
+    summary: dict[str, Any]  # over all nodes' requests
+    per_node: list[dict[str, Any]]
+    sim_time_s: float
+    wall_s: float
+    events: int
+    requests: int
+
+    @property
+    def requests_per_wall_s(self) -> float:
+        return self.requests / self.wall_s if self.wall_s > 0 else math.inf
+
+
+def _build_tiers(loop: EventLoop, tiers: Sequence[TierModel], chunk_bytes: int, node: int,
+                 shared_devices: dict[str, Device], rng: np.random.Generator, seed: int) -> list[SimTier]:
+    out = []
+    for k, tm in enumerate(tiers):
+        if tm.shared and tm.name in shared_devices:
+            dev = shared_devices[tm.name]
+        else:
+            dev = Device(loop, tm.name if not tm.shared else f"{tm.name}", read_bw=tm.read_bw, write_bw=tm.write_bw,
+                         interference=tm.interference, read_share=tm.read_share, tail=tm.tail,
+                         background=parse_background(tm.background, seed=seed * 1000 + k),
+                         rng=np.random.default_rng(rng.integers(0, 2**63)), client_bw=tm.client_bw)
+            if tm.shared:
+                shared_devices[tm.name] = dev
+        cap = None if tm.capacity_bytes is None else max(int(tm.capacity_bytes // chunk_bytes), 1)
+        out.append(SimTier(name=tm.name, device=dev, read_window=tm.read_window, write_depth=tm.write_depth,
+                           capacity_chunks=cap, client=node if tm.shared else 0))
+    return out
+
+
+def simulate(
+    workloads: Sequence[Sequence[Request]],
+    system: SystemConfig,
+    hardware: Hardware = Hardware(),
+    *,
+    seed: int = 0,
+    slo_s: float = 1.0,
+    sample_every_s: float | None = None,
+    until: float | None = None,
+    record: list | None = None,
+    prewarm: Sequence[Sequence[Sequence[Any]]] | None = None,
+) -> SimResult:
+    """Run one configuration: ``workloads[i]`` is node ``i``'s request list (arrival order).
+
+    ``prewarm[i]``: prefixes (chunk-id lists) already on node ``i``'s tiers when the run starts.
+    """
+    t_wall = time.perf_counter()
+    loop = EventLoop()
+    cost = hardware.cost_model()
+    chunk_bytes = int(cost.model.chunk_bytes(CHUNK_TOKENS) * hardware.storage_scale)
+    rng = np.random.default_rng(seed)
+    shared: dict[str, Device] = {}
+    nodes: list[SimNode] = []
+    serving = system.serving
+    if serving.prefetch != "none" and serving.prefetch_budget_chunks is None:
+        # Prefetched KV waits pinned in host memory: keep it to half of it, the rest stays a cache.
+        serving = dataclasses.replace(serving, prefetch_budget_chunks=max(int(system.host_memory_bytes // chunk_bytes) // 2, 1))
+    if hardware.hbm_kv_bytes is not None and serving.hbm_capacity_tokens is None:
+        serving = dataclasses.replace(serving, hbm_capacity_tokens=int(hardware.hbm_kv_bytes // cost.kv_bytes_per_token))
+
+    def check_done() -> None:
+        if all(n.done for n in nodes):
+            for n in nodes:
+                n.dispatch(n.core.flush_writes())
+            if not any(n.storage.busy() for n in nodes):
+                loop.stop()
+
+    for i, reqs in enumerate(workloads):
+        tiers = _build_tiers(loop, system.tiers, chunk_bytes, i, shared, rng, seed)
+        storage = SimStorage(
+            loop, tiers=tiers, router=parse_router(system.router, [t.name for t in system.tiers]),
+            replication=parse_replication(system.replication) if isinstance(system.replication, str)
+            else system.replication(), host_eviction=_eviction(system),
+            host_capacity_chunks=int(system.host_memory_bytes // chunk_bytes), chunk_bytes=chunk_bytes,
+            verify_s=system.verify_s,
+        )
+        if prewarm is not None:
+            for prefix in prewarm[i]:
+                storage.prewarm(prefix)
+        core = ServingCore(cost, storage.lookup, serving, chunk_bytes=chunk_bytes)
+        node = SimNode(loop, core, storage, reqs, on_change=check_done, record=record)
+        nodes.append(node)
+
+    def sampler() -> None:
+        for n in nodes:
+            n.core.metrics.tier_series.append((loop.now, n.storage.tier_bytes()))
+        check_done()
+        loop.at(loop.now + sample_every_s, PRIO_SAMPLE, sampler)
+
+    def write_watch() -> None:
+        # Writes finishing after the last request do not call the core; poll until they drain.
+        check_done()
+        loop.at(loop.now + 1.0, PRIO_SAMPLE, write_watch)
+
+    for n in nodes:
+        n.start()
+    if sample_every_s:
+        loop.at(0.0, PRIO_SAMPLE, sampler)
+    loop.at(1.0, PRIO_SAMPLE, write_watch)
+    if until is None:
+        # A guard against a run that never drains (a bug): far past any sensible makespan.
+        last = max((w[-1].arrival for w in workloads if w), default=0.0)
+        until = 20 * last + 86400.0
+    loop.run(until=until)
+    metrics = []
+    for n in nodes:
+        n.core.metrics.storage = n.storage.stats()
+        n.core.metrics.tier_series.append((loop.now, n.storage.tier_bytes()))
+        metrics.append(n.core.metrics)
+    per_node = [summarize(m, slo_s=slo_s) for m in metrics]
+    merged = RunMetrics()
+    for m in metrics:
+        merged.requests.extend(m.requests)
+        merged.steps.extend(m.steps)
+        merged.background_loads.extend(m.background_loads)
+        merged.queue_samples.extend(m.queue_samples)
+        for k, v in m.counters.items():
+            merged.counters[k] = merged.counters.get(k, 0) + v
+    merged.queue_samples.sort(key=lambda x: x[0])
+    merged.storage = _sum_storage([m.storage for m in metrics])
+    summary = summarize(merged, slo_s=slo_s)
+    if len(metrics) > 1:
+        summary["queue_len_mean"] = sum(p["queue_len_mean"] for p in per_node)
+    return SimResult(
+        system=system.name, nodes=metrics, summary=summary, per_node=per_node, sim_time_s=loop.now,
+        wall_s=time.perf_counter() - t_wall, events=loop.events_run, requests=sum(len(w) for w in workloads),
+    )
+
+
+def _eviction(system: SystemConfig):
+    if system.host_eviction == "hit-potential":
+        return make_eviction_policy("hit-potential", capacity_bytes=int(system.host_memory_bytes))
+    return make_eviction_policy(system.host_eviction)
+
+
+def _sum_storage(stats: list[dict[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for s in stats:
+        for k, v in s.items():
+            if k == "write_amplification":
+                continue
+            out[k] = out.get(k, 0) + v if not k.endswith("_max") else max(out.get(k, 0), v)
+    put = out.get("put_bytes", 0)
+    out["read_over_bound"] = out["read_s"] / out["read_bound_s"] - 1.0 if out.get("read_bound_s") else 0.0
+    written = sum(v for k, v in out.items() if k.startswith("write_bytes_"))
+    out["write_amplification"] = written / put if put else 0.0
+    return out

@@ -1,0 +1,449 @@
+"""The modelled store of one node: host memory + disk tiers on modelled devices, driven by the real policies.
+
+It answers the serving core's ``lookup`` and carries out its ``StartLoad`` / ``WriteChunks`` /
+``ReleaseChunks`` actions in simulated time, with the *same* policy objects the real engine uses:
+a :class:`kvstream.routing.ReadRouter` decides which tier reads which chunk of a load, a
+:class:`kvstream.replication.ReplicationPolicy` which tiers get each written chunk (and which copies to add
+after a read), and a :class:`kvstream.eviction.EvictionPolicy` which host-memory chunk leaves.
+
+Host memory holds clean cached chunks and pinned ones (read for a request that has not run yet, or waiting
+to be written). Pinned chunks are not in the eviction policy (its protocol: pinned entries are simply not
+inserted). If everything is pinned, host memory overflows rather than deadlocks; the overflow is reported.
+
+Driving a read (as the real store does): the load's disk chunks form one list; the router's schedule is
+asked for claims whenever a tier has room (``read_window`` chunks in flight per tier and load); each landing
+is reported with ``on_landed``; the first copy is pinned in host memory, a duplicate is dropped (its bytes are
+still counted: they were read). The load completes when the schedule is finished.
+
+Writes: one op per (write batch, tier) on that tier's write queue, at most ``write_depth`` in flight; a chunk
+becomes readable from a tier when that op completes, and until then it is in host memory (pinned).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict, deque
+from collections.abc import Callable, Hashable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from kvstream.eviction import AccessMeta, EvictionPolicy
+from kvstream.replication import CopyOrder, ReadObservation, ReplicationPolicy, WriteIntent
+from kvstream.routing import ReadRouter
+from kvstream.serving.core import LoadDone, WriteChunks
+from kvstream.sim.devices import READ, WRITE, Device
+from kvstream.sim.engine import PRIO_IO, EventLoop
+
+__all__ = ["SimTier", "SimStorage", "chunk_key"]
+
+
+def chunk_key(c: Hashable) -> bytes:
+    """A store-style key for a simulated chunk id (replication policies hash or log keys)."""
+    if isinstance(c, bytes):
+        return c
+    if isinstance(c, int) and c >= 0:
+        return c.to_bytes(8, "little")
+    return repr(c).encode()
+
+
+@dataclass
+class SimTier:
+    """A disk tier of one node: a device (possibly shared with other nodes) and this node's capacity on it."""
+
+    name: str
+    device: Device
+    read_window: int = 2  # chunks in flight per tier and load
+    write_depth: int = 4  # write ops in flight
+    capacity_chunks: int | None = None  # None = unlimited; else LRU eviction of this node's chunks
+    client: int = 0  # this node's client id on a shared device
+    chunks: OrderedDict = field(default_factory=OrderedDict)  # chunk id -> None, LRU order
+    write_q: deque = field(default_factory=deque)
+    writes_inflight: int = 0
+    read_bytes: int = 0  # bytes this node read here (duplicates included)
+    dup_bytes: int = 0
+    write_bytes: int = 0
+    evicted: int = 0
+
+
+class _Load:
+    __slots__ = ("load_id", "items", "avail", "disk", "sched", "holders", "inflight", "busy_since", "busy_s",
+                 "tier_bytes", "on_done", "need", "start", "pinned", "done", "pot0")
+
+    def __init__(self, load_id: int, items: Sequence[tuple[int, tuple[Hashable, ...]]], n_tiers: int,
+                 on_done: Callable[[LoadDone], None], start: float) -> None:
+        self.load_id = load_id
+        self.items = items
+        self.avail = [len(ch) for _, ch in items]  # leading chunks available per item (shrinks on loss)
+        self.disk: list[Hashable] = []  # unique chunks to read, in read-list order
+        self.need: dict[Hashable, list[int]] = {}  # chunk -> item indices waiting for it
+        self.sched = None
+        self.holders: list[frozenset[int]] = []
+        self.inflight = [0] * n_tiers
+        self.busy_since = [0.0] * n_tiers
+        self.busy_s = [0.0] * n_tiers
+        self.tier_bytes = [0] * n_tiers
+        self.on_done = on_done
+        self.start = start
+        self.pinned: list[list[Hashable]] = [[] for _ in items]  # item -> chunks pinned on its behalf
+        self.done = False  # reported to the core (duplicate reads may still be in flight)
+        self.pot0: list[float] = []  # each tier's potential-read integral when the load started
+
+
+class SimStorage:
+    """One node's modelled store. ``lookup`` is the serving core's query; the rest carry out its actions."""
+
+    def __init__(
+        self,
+        loop: EventLoop,
+        *,
+        tiers: Sequence[SimTier],
+        router: ReadRouter,
+        replication: ReplicationPolicy,
+        host_eviction: EvictionPolicy,
+        host_capacity_chunks: int,
+        chunk_bytes: int,
+        verify_s: float = 0.0,
+    ) -> None:
+        if not tiers:
+            raise ValueError("a simulated store needs at least one disk tier")
+        self.loop = loop
+        self.tiers = list(tiers)
+        self.router = router
+        self.replication = replication
+        self.policy = host_eviction
+        self.host_cap = max(int(host_capacity_chunks), 0)
+        self.chunk_bytes = int(chunk_bytes)
+        # CPU seconds the read path spends on each landed chunk (header and checksum check, hand-off) on one
+        # thread, before the chunk counts as landed and its tier claims the next: a FIFO "CPU" per node.
+        self.verify_s = float(verify_s)
+        self._cpu_free = 0.0
+        self._host: dict[Hashable, int] = {}  # resident chunk -> pins
+        self._meta: dict[Hashable, AccessMeta] = {}
+        self._write_left: dict[Hashable, int] = {}  # chunk -> target tier writes still to complete
+        self._buffered: dict[Hashable, int] = {}  # put, not yet flushed: chunk -> position in its prefix
+        self._buffer_end = 0
+        self.put_bytes = 0
+        self.host_hits = 0
+        self.host_evictions = 0
+        self.host_overflow_max = 0
+        self.loads_done = 0
+        self.duplicate_chunks = 0
+        self.lost_chunks = 0
+        self.copy_orders = 0
+        self._sets = [t.chunks for t in self.tiers]
+        self.read_log: list[tuple[float, float, float, int, tuple[int, ...]]] = []  # (start, s, bound s, bytes, per tier)
+
+    # -- the core's query -----------------------------------------------------------------------------------
+    def lookup(self, chunk_ids: Sequence[Hashable]) -> tuple[int, int]:
+        host, sets = self._host, self._sets
+        present = in_host = 0
+        for c in chunk_ids:
+            if c in host:
+                in_host += 1
+            elif not any(c in s for s in sets):
+                break
+            present += 1
+        return present, in_host
+
+    # -- host memory ----------------------------------------------------------------------------------------
+    def _pin(self, c: Hashable, meta: AccessMeta | None = None) -> None:
+        host = self._host
+        p = host.get(c)
+        if p is None:
+            self._make_room()
+            host[c] = 1
+            if meta is not None:
+                self._meta[c] = meta
+            over = len(host) - self.host_cap
+            if over > self.host_overflow_max:
+                self.host_overflow_max = over
+        else:
+            if p == 0:
+                self.policy.on_remove(c)
+            host[c] = p + 1
+
+    def _unpin(self, c: Hashable) -> None:
+        p = self._host.get(c)
+        if p is None or p <= 0:
+            raise AssertionError(f"unpin of chunk {c!r} that is not pinned")
+        p -= 1
+        self._host[c] = p
+        if p == 0:
+            self.policy.on_insert(c, self.chunk_bytes, now=self.loop.now, meta=self._meta.get(c))
+
+    def _make_room(self) -> None:
+        host = self._host
+        while len(host) >= self.host_cap:
+            v = self.policy.victim(now=self.loop.now)
+            if v is None:
+                return  # everything pinned: overflow
+            self.policy.on_remove(v)
+            del host[v]
+            self._meta.pop(v, None)
+            self.host_evictions += 1
+
+    def release(self, chunk_ids: Sequence[Hashable]) -> None:
+        for c in chunk_ids:
+            self._unpin(c)
+
+    # -- loads ----------------------------------------------------------------------------------------------
+    def start_load(self, load_id: int, items: Sequence[tuple[int, tuple[Hashable, ...]]],
+                   on_done: Callable[[LoadDone], None],
+                   metas: Sequence[tuple[Hashable | None, int | None]] = ()) -> None:
+        n_t = len(self.tiers)
+        ld = _Load(load_id, items, n_t, on_done, self.loop.now)
+        host, sets = self._host, self._sets
+        for k, (_, chunks) in enumerate(items):
+            if k < len(metas) and metas[k][0] is not None:
+                m = AccessMeta(session=metas[k][0], prev_answer_tokens=metas[k][1])
+                for c in chunks:
+                    self._meta[c] = m
+            for j, c in enumerate(chunks):
+                if c in host:
+                    self._pin(c)
+                    ld.pinned[k].append(c)
+                    self.host_hits += 1
+                    continue
+                if c in ld.need:
+                    ld.need[c].append(k)
+                    continue
+                hs = frozenset(t for t in range(n_t) if c in sets[t])
+                if not hs:
+                    ld.avail[k] = j  # gone everywhere since the lookup: the rest is recomputed
+                    self.lost_chunks += 1
+                    break
+                ld.need[c] = [k]
+                ld.disk.append(c)
+                ld.holders.append(hs)
+        if not ld.disk:
+            # Host memory only: done at once (as an event, so the core is never re-entered).
+            self.loop.at(self.loop.now, PRIO_IO, self._finish_load, ld)
+            return
+        ld.sched = self.router.schedule(ld.holders, n_t)
+        for tier in self.tiers:
+            tier.device._advance(self.loop.now)
+        ld.pot0 = [tier.device.potential_read for tier in self.tiers]
+        for t in range(n_t):
+            self._pump(ld, t)
+
+    def _pump(self, ld: _Load, t: int) -> None:
+        tier = self.tiers[t]
+        while ld.inflight[t] < tier.read_window:
+            claim = ld.sched.next_claim(t)
+            if not claim:
+                return
+            for i in claim:
+                if ld.inflight[t] == 0:
+                    ld.busy_since[t] = self.loop.now
+                ld.inflight[t] += 1
+                tier.device.submit(READ, self.chunk_bytes, self._landed, (ld, t, i), client=tier.client)
+
+    def _landed(self, arg: tuple[_Load, int, int]) -> None:
+        if self.verify_s > 0:
+            self._cpu_free = max(self._cpu_free, self.loop.now) + self.verify_s
+            self.loop.at(self._cpu_free, PRIO_IO, self._verified, arg)
+        else:
+            self._verified(arg)
+
+    def _verified(self, arg: tuple[_Load, int, int]) -> None:
+        ld, t, i = arg
+        now = self.loop.now
+        ld.inflight[t] -= 1
+        if ld.inflight[t] == 0:
+            ld.busy_s[t] += now - ld.busy_since[t]
+        tier = self.tiers[t]
+        tier.read_bytes += self.chunk_bytes
+        ld.tier_bytes[t] += self.chunk_bytes
+        c = ld.disk[i]
+        if ld.sched.on_landed(t, i):
+            for k in ld.need[c]:
+                self._pin(c)
+                ld.pinned[k].append(c)
+            if tier.capacity_chunks is not None and c in tier.chunks:
+                tier.chunks.move_to_end(c)
+        else:
+            tier.dup_bytes += self.chunk_bytes
+            self.duplicate_chunks += 1
+        if ld.done:
+            return  # a straggling duplicate of a load already reported
+        if ld.sched.finished:
+            for u in range(len(self.tiers)):
+                if ld.inflight[u]:
+                    ld.busy_s[u] += now - ld.busy_since[u]
+                    ld.busy_since[u] = now
+            self._finish_load(ld)
+            return
+        for u in range(len(self.tiers)):
+            self._pump(ld, u)
+
+    def _finish_load(self, ld: _Load) -> None:
+        ld.done = True
+        if ld.sched is not None:
+            lost = ld.sched.lost()
+            if lost:
+                self.lost_chunks += len(lost)
+                lost_set = {ld.disk[i] for i in lost}
+                for k, (_, chunks) in enumerate(ld.items):
+                    for j in range(ld.avail[k]):
+                        if chunks[j] in lost_set:
+                            ld.avail[k] = j
+                            break
+        # Each item keeps its pins on its available prefix only.
+        for k, (_, chunks) in enumerate(ld.items):
+            keep = set(chunks[: ld.avail[k]])
+            for c in ld.pinned[k]:
+                if c not in keep:
+                    self._unpin(c)
+        self.loads_done += 1
+        if ld.sched is not None:
+            now = self.loop.now
+            dur = now - ld.start
+            pot = 0.0
+            for t, tier in enumerate(self.tiers):
+                tier.device._advance(now)
+                pot += tier.device.potential_read - ld.pot0[t]
+            useful = len(ld.disk) * self.chunk_bytes
+            # The aggregate-bandwidth bound: the time the useful bytes take at the sum of what each tier could
+            # give reads over this very interval (its write load and other tenants included).
+            bound = useful * dur / pot if pot > 0 else dur
+            self.read_log.append((ld.start, dur, bound, useful, tuple(ld.tier_bytes)))
+            orders = self.replication.on_read(ReadObservation(
+                now=self.loop.now,
+                keys=[chunk_key(c) for c in ld.disk],
+                holders=ld.holders,
+                tier_bytes=ld.tier_bytes,
+                tier_busy_s=ld.busy_s,
+            ))
+            if orders:
+                self._copy(orders, ld)
+        ld.on_done(LoadDone(load_id=ld.load_id,
+                            available=tuple((rid, ld.avail[k]) for k, (rid, _) in enumerate(ld.items))))
+
+    # -- writes ---------------------------------------------------------------------------------------------
+    def write(self, w: WriteChunks) -> None:
+        """``put``: the chunks enter host memory at once (dirty, pinned) and wait for the next :meth:`flush`."""
+        meta = AccessMeta(session=w.session, prev_answer_tokens=w.prev_answer_tokens)
+        for j, c in enumerate(w.chunk_ids):
+            self.put_bytes += self.chunk_bytes
+            if c in self._buffered:
+                continue
+            self._pin(c, meta)
+            self._buffered[c] = w.first_position + j
+        self._buffer_end = w.first_position + len(w.chunk_ids)
+        if getattr(self.replication, "needs_prefix_len", False):
+            # A policy that places chunks by their position *relative to the prefix length at write time*
+            # (K15's baseline): WriteIntent has no prefix length, so tell it and place this batch now.
+            self.replication.prefix_len = self._buffer_end
+            self.flush()
+
+    def flush(self) -> None:
+        """Hand every buffered chunk to the tiers the replication policy picks (one write op per tier)."""
+        n_t = len(self.tiers)
+        per_tier: list[list[Hashable]] = [[] for _ in range(n_t)]
+        pol = self.replication
+        for c, pos in self._buffered.items():
+            targets = pol.targets(WriteIntent(key=chunk_key(c), nbytes=self.chunk_bytes, position=pos), n_t)
+            todo = [t for t in targets if c not in self._sets[t]]
+            if not todo:
+                self._unpin(c)
+                continue
+            # The host copy stays pinned until every target has it: one pin per pending tier write.
+            self._write_left[c] = self._write_left.get(c, 0) + len(todo)
+            for t in todo[1:]:
+                self._pin(c)
+            for t in todo:
+                per_tier[t].append(c)
+        self._buffered.clear()
+        for t, chunks in enumerate(per_tier):
+            if chunks:
+                self._enqueue_write(t, chunks)
+
+    def _copy(self, orders: list[CopyOrder], ld: _Load) -> None:
+        by_key = {chunk_key(c): c for c in ld.disk}
+        per_tier: dict[int, list[Hashable]] = {}
+        for o in orders:
+            c = by_key.get(o.key)
+            if c is None or c in self._sets[o.tier] or c not in self._host:
+                continue
+            self._pin(c)
+            self._write_left[c] = self._write_left.get(c, 0) + 1
+            per_tier.setdefault(o.tier, []).append(c)
+            self.copy_orders += 1
+        for t, chunks in per_tier.items():
+            self._enqueue_write(t, chunks)
+
+    def _enqueue_write(self, t: int, chunks: list[Hashable]) -> None:
+        tier = self.tiers[t]
+        tier.write_q.append(chunks)
+        self._pump_writes(t)
+
+    def _pump_writes(self, t: int) -> None:
+        tier = self.tiers[t]
+        while tier.write_q and tier.writes_inflight < tier.write_depth:
+            chunks = tier.write_q.popleft()
+            tier.writes_inflight += 1
+            tier.device.submit(WRITE, len(chunks) * self.chunk_bytes, self._written, (t, chunks), client=tier.client)
+
+    def _written(self, arg: tuple[int, list[Hashable]]) -> None:
+        t, chunks = arg
+        tier = self.tiers[t]
+        tier.writes_inflight -= 1
+        tier.write_bytes += len(chunks) * self.chunk_bytes
+        s = tier.chunks
+        for c in chunks:
+            s[c] = None
+            if tier.capacity_chunks is not None:
+                s.move_to_end(c)
+            left = self._write_left[c] - 1
+            if left:
+                self._write_left[c] = left
+            else:
+                del self._write_left[c]
+            self._unpin(c)
+        if tier.capacity_chunks is not None:
+            while len(s) > tier.capacity_chunks:
+                s.popitem(last=False)
+                tier.evicted += 1
+        self._pump_writes(t)
+
+    def prewarm(self, chunk_ids: Sequence[Hashable]) -> None:
+        """Put chunks on the tiers the replication policy picks, in no time (a cache filled before the run)."""
+        n_t = len(self.tiers)
+        for j, c in enumerate(chunk_ids):
+            for t in self.replication.targets(WriteIntent(key=chunk_key(c), nbytes=self.chunk_bytes, position=j), n_t):
+                self._sets[t][c] = None
+
+    # -- reports --------------------------------------------------------------------------------------------
+    def busy(self) -> bool:
+        return bool(self._buffered) or any(t.write_q or t.writes_inflight for t in self.tiers)
+
+    def bound_ratio(self) -> float:
+        """Disk read time over the aggregate-bandwidth bound, summed over every load (1.0 = at the bound)."""
+        dur = sum(r[1] for r in self.read_log)
+        bound = sum(r[2] for r in self.read_log)
+        return dur / bound if bound > 0 else float("nan")
+
+    def stats(self) -> dict[str, Any]:
+        written = sum(t.write_bytes for t in self.tiers)
+        out: dict[str, Any] = {
+            "put_bytes": self.put_bytes,
+            "write_amplification": written / self.put_bytes if self.put_bytes else 0.0,
+            "host_evictions": self.host_evictions,
+            "host_overflow_max": self.host_overflow_max,
+            "duplicate_chunks": self.duplicate_chunks,
+            "lost_chunks": self.lost_chunks,
+            "copy_orders": self.copy_orders,
+            "disk_loads": len(self.read_log),
+            "read_s": sum(r[1] for r in self.read_log),
+            "read_bound_s": sum(r[2] for r in self.read_log),
+        }
+        for t in self.tiers:
+            out[f"read_bytes_{t.name}"] = t.read_bytes
+            out[f"write_bytes_{t.name}"] = t.write_bytes
+        return out
+
+    def tier_bytes(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for t in self.tiers:
+            out[f"{t.name}.read"] = t.read_bytes
+            out[f"{t.name}.write"] = t.write_bytes
+        return out

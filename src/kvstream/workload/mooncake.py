@@ -1,0 +1,138 @@
+"""Reader for the Mooncake trace format (FAST'25 release): one JSON object a line.
+
+    {"timestamp": <ms since start>, "input_length": <tokens>, "output_length": <tokens>, "hash_ids": [<int>, ...]}
+
+``hash_ids`` has one id per 512-token block of the prompt (``len == ceil(input_length / 512)``); two requests
+that share a leading run of ids share that prefix. The store works in 256-token chunks, so block ``b`` becomes
+chunks ``2b`` and ``2b + 1``. Chunk ids are *prefix-chained* (the id of chunk ``j`` stands for the whole prefix
+``0 .. j``), interned as small ints: ``id(j) = intern(id(j-1), hash_ids[j // 2], j % 2)``. Chaining makes the
+ids correct even if a trace reused a block id under a different prefix; small ints keep the simulator fast.
+
+A trailing partial block of ``r`` tokens yields ``r // 256`` chunks (0 or 1): a 300-token tail has one full
+256-token chunk, the first half of its block, which matches the first half of the same block in a request
+where that block is whole (same block id = same tokens). Tokens of a trailing partial *chunk* have no id
+(``Request`` rule: they are always recomputed).
+
+Malformed input raises :class:`kvstream.errors.InputFormatError` naming the file and the 1-based line.
+Blank lines are skipped. Timestamps must not go backwards (the released traces are sorted).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+from kvstream.errors import InputFormatError
+from kvstream.workload.request import CHUNK_TOKENS, Request
+
+__all__ = ["BLOCK_TOKENS", "ChunkInterner", "iter_mooncake", "read_mooncake"]
+
+BLOCK_TOKENS = 512  # tokens per Mooncake hash block
+_HALVES = BLOCK_TOKENS // CHUNK_TOKENS  # chunks per block (2)
+_FIELDS = ("timestamp", "input_length", "output_length", "hash_ids")
+
+
+class ChunkInterner:
+    """Maps (parent chunk id, block id, half) to a dense int id, so equal prefixes get equal ids.
+
+    Invariant: ids are 1, 2, 3, ... in first-seen order; 0 is the root (the empty prefix), never a chunk.
+    """
+
+    __slots__ = ("_table",)
+
+    def __init__(self) -> None:
+        self._table: dict[tuple[int, int, int], int] = {}
+
+    def chunk_ids(self, hash_ids: list[int], n_chunks: int) -> tuple[int, ...]:
+        table = self._table
+        out: list[int] = []
+        parent = 0
+        for j in range(n_chunks):
+            key = (parent, hash_ids[j // _HALVES], j % _HALVES)
+            cid = table.get(key)
+            if cid is None:
+                cid = len(table) + 1
+                table[key] = cid
+            out.append(cid)
+            parent = cid
+        return tuple(out)
+
+    def __len__(self) -> int:
+        return len(self._table)
+
+
+def _int_field(obj: dict, name: str, path: str, line: int) -> int:
+    v = obj.get(name)
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or (isinstance(v, float) and not v.is_integer()):
+        raise InputFormatError(path, line, f"field {name!r} must be an integer, got {v!r}")
+    if v < 0:
+        raise InputFormatError(path, line, f"field {name!r} must not be negative, got {v!r}")
+    return int(v)
+
+
+def iter_mooncake(
+    path: str | os.PathLike[str],
+    *,
+    limit: int | None = None,
+    time_scale: float = 1.0,
+    interner: ChunkInterner | None = None,
+) -> Iterator[Request]:
+    """Yield the trace's requests in file order.
+
+    ``time_scale`` divides arrival times (2.0 = replay twice as fast); ``limit`` stops after that many
+    requests. Pass one ``interner`` to several calls to keep chunk ids consistent across files.
+    """
+    if time_scale <= 0:
+        raise ValueError(f"time_scale must be positive, got {time_scale}")
+    p = str(path)
+    interner = interner if interner is not None else ChunkInterner()
+    last_ts = -math.inf
+    n = 0
+    with open(p, encoding="utf-8") as fh:
+        for lineno, raw in enumerate(fh, start=1):
+            if limit is not None and n >= limit:
+                return
+            text = raw.strip()
+            if not text:
+                continue
+            try:
+                obj = json.loads(text)
+            except json.JSONDecodeError as exc:
+                raise InputFormatError(p, lineno, f"not valid JSON: {exc.msg} at column {exc.colno}") from None
+            if not isinstance(obj, dict):
+                raise InputFormatError(p, lineno, f"expected a JSON object, got {type(obj).__name__}")
+            missing = [f for f in _FIELDS if f not in obj]
+            if missing:
+                raise InputFormatError(p, lineno, f"missing field(s) {', '.join(missing)}")
+            ts = _int_field(obj, "timestamp", p, lineno)
+            n_in = _int_field(obj, "input_length", p, lineno)
+            n_out = _int_field(obj, "output_length", p, lineno)
+            hids = obj["hash_ids"]
+            if not isinstance(hids, list) or any(isinstance(h, bool) or not isinstance(h, int) for h in hids):
+                raise InputFormatError(p, lineno, "field 'hash_ids' must be a list of integers")
+            want = math.ceil(n_in / BLOCK_TOKENS)
+            if len(hids) != want:
+                raise InputFormatError(
+                    p, lineno, f"{len(hids)} hash_ids for input_length {n_in} (expected ceil({n_in}/512) = {want})"
+                )
+            if ts < last_ts:
+                raise InputFormatError(p, lineno, f"timestamp {ts} goes backwards (previous line had {last_ts})")
+            last_ts = ts
+            yield Request(
+                request_id=n,
+                arrival=ts / 1000.0 / time_scale,
+                input_tokens=n_in,
+                output_tokens=n_out,
+                chunk_ids=interner.chunk_ids(hids, n_in // CHUNK_TOKENS),
+            )
+            n += 1
+
+
+def read_mooncake(
+    path: str | os.PathLike[str], *, limit: int | None = None, time_scale: float = 1.0
+) -> list[Request]:
+    """All requests of a Mooncake trace file (see :func:`iter_mooncake`)."""
+    return list(iter_mooncake(Path(path), limit=limit, time_scale=time_scale))
