@@ -1,0 +1,265 @@
+"""The LMCache plugin's settings: ``extra_config`` keys under ``kvstream.`` -> :class:`PluginOptions`.
+
+LMCache hands a plugin its whole ``extra_config`` dict (from YAML, or JSON in ``LMCACHE_EXTRA_CONFIG``), so
+values arrive as strings, ints, floats or bools; every key is parsed here and every error is a
+:class:`kvstream.errors.ConfigError` whose field is the ``kvstream.*`` key the user has to fix. That matters
+more than usual: LMCache catches a plugin constructor's exception, logs ``Failed to create backend <name>:
+<message>`` and runs on without the plugin, so the message is all the user gets.
+
+The store's settings come from ``kvstream.config_file`` (a kvstream YAML file, the schema of
+``kvstream.open_store``), ``kvstream.tiers`` (``"local=PATH,shared=PATH"``, with ``kvstream.capacity_bytes``),
+or both (the keys win over the file). A nested form ``extra_config: {kvstream: {tiers: ...}}`` is accepted too.
+No LMCache or torch import here.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from kvstream.config import StoreConfig, parse_size, parse_tier_specs
+from kvstream.errors import ConfigError
+
+__all__ = ["PREFIX", "KEYS", "PluginOptions", "parse_extra_config", "attribute_error", "flatten"]
+
+PREFIX = "kvstream."
+
+# key (without the prefix) -> one line for the docs and the error messages
+KEYS: dict[str, str] = {
+    "config_file": "a kvstream YAML file (tiers, memory_bytes, router, replication, io_engine, ...)",
+    "tiers": "NAME=PATH,NAME=PATH: directory tiers, fastest (node-local) first",
+    "capacity_bytes": "size of chunk files kept per tier: one size ('2TiB') or NAME=SIZE,NAME=SIZE",
+    "memory_bytes": "the store's own host-memory tier (buffered writes and clean chunks)",
+    "router": "mitm | mitm:M | fixed:R | single:NAME",
+    "replication": "full | single | partial:F | lazy | selective",
+    "io_engine": "uring | threads | auto",
+    "create_dirs": "create missing tier folders (default true with kvstream.tiers)",
+    "verify_reads": "check each chunk's checksum before LMCache sees it (default true)",
+    "hedge_after_s": "re-read a slow chunk from another replica after this many seconds",
+    "namespace": "extra string mixed into every key (separates caches sharing folders)",
+    "flush_after_ms": "deferred writes: longest wait before buffered puts go to the write queues",
+    "max_pending_write_bytes": "LMCache buffers held for writes; puts beyond it are dropped and counted",
+    "load_threads": "threads that run batch reads for the async prefetch path",
+    "prefetch_ttl_s": "free a started prefetch no one collected after this many seconds",
+    "close_timeout_s": "how long close() waits for pending writes",
+}
+
+# store fields a kvstream.<field> key may override, and how to read a string form of them
+_STORE_OVERRIDES = {
+    "memory_bytes": "size",
+    "router": "str",
+    "replication": "str",
+    "io_engine": "str",
+    "create_dirs": "bool",
+    "verify_reads": "bool",
+    "hedge_after_s": "float?",
+}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PluginOptions:
+    """Everything the plugin needs from ``extra_config``; built only by :func:`parse_extra_config`."""
+
+    store: StoreConfig  # validated; tier folders are checked (and created) when the store opens
+    store_source: str  # which keys the store config came from, for log lines and errors at open
+    namespace: str  # mixed into every store key
+    flush_after_s: float  # a buffered put waits at most this long before Store.flush()
+    max_pending_write_bytes: int  # bytes of LMCache objects held by pending writes
+    load_threads: int  # >= 1
+    prefetch_ttl_s: float  # > 0
+    close_timeout_s: float  # >= 0
+
+
+def flatten(extra: Mapping[str, Any] | None) -> dict[str, Any]:
+    """Our keys, without the prefix, from the flat (``kvstream.tiers``) or nested (``kvstream: {tiers}``) form."""
+    out: dict[str, Any] = {}
+    if not extra:
+        return out
+    nested = extra.get("kvstream")
+    if isinstance(nested, Mapping):
+        for k, v in nested.items():
+            out[str(k)] = v
+    for k, v in extra.items():
+        if isinstance(k, str) and k.startswith(PREFIX):
+            out[k[len(PREFIX):]] = v
+    return out
+
+
+def _field(name: str) -> str:
+    return PREFIX + name
+
+
+def _as_bool(name: str, value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.strip().lower() in ("true", "1", "yes", "on"):
+        return True
+    if isinstance(value, str) and value.strip().lower() in ("false", "0", "no", "off"):
+        return False
+    if isinstance(value, int) and value in (0, 1):
+        return bool(value)
+    raise ConfigError(_field(name), f"expected true or false, got {value!r}")
+
+
+def _as_float(name: str, value: Any, *, minimum: float, allow_none: bool = False) -> float | None:
+    if value is None or (isinstance(value, str) and value.strip().lower() in ("", "none", "null", "off")):
+        if allow_none:
+            return None
+        raise ConfigError(_field(name), "expected a number")
+    try:
+        f = float(value) if not isinstance(value, bool) else float("nan")
+    except (TypeError, ValueError):
+        raise ConfigError(_field(name), f"expected a number, got {value!r}") from None
+    if not f >= minimum:  # also rejects NaN
+        raise ConfigError(_field(name), f"must be at least {minimum}, got {value!r}")
+    return f
+
+
+def _as_int(name: str, value: Any, *, minimum: int) -> int:
+    if isinstance(value, bool):
+        raise ConfigError(_field(name), f"expected an integer, got {value!r}")
+    try:
+        n = int(value, 10) if isinstance(value, str) else int(value)
+    except (TypeError, ValueError):
+        raise ConfigError(_field(name), f"expected an integer, got {value!r}") from None
+    if isinstance(value, float) and not value.is_integer():
+        raise ConfigError(_field(name), f"expected an integer, got {value!r}")
+    if n < minimum:
+        raise ConfigError(_field(name), f"must be at least {minimum}, got {value!r}")
+    return n
+
+
+def _as_str(name: str, value: Any) -> str:
+    if not isinstance(value, str) or not value.strip():
+        raise ConfigError(_field(name), f"expected a non-empty string, got {value!r}")
+    return value.strip()
+
+
+def _capacities(value: Any, names: list[str]) -> dict[str, int]:
+    """``kvstream.capacity_bytes``: one size for every tier, or ``NAME=SIZE,...`` naming each tier."""
+    key = _field("capacity_bytes")
+    if isinstance(value, str) and "=" in value:
+        caps: dict[str, int] = {}
+        for part in (p.strip() for p in value.split(",")):
+            if not part:
+                continue
+            name, _, size = part.partition("=")
+            name = name.strip()
+            if name not in names:
+                raise ConfigError(key, f"names tier {name!r}, but kvstream.tiers has {', '.join(names)}")
+            caps[name] = parse_size(size.strip(), key)
+        missing = [n for n in names if n not in caps]
+        if missing:
+            raise ConfigError(key, f"no size for tier(s) {', '.join(missing)}")
+        return caps
+    size = parse_size(value, key)
+    return {n: size for n in names}
+
+
+def _load_file(value: Any) -> tuple[dict[str, Any], Path]:
+    key = _field("config_file")
+    path = Path(os.path.expanduser(_as_str("config_file", value))).resolve()
+    try:
+        import yaml
+
+        data = yaml.safe_load(path.read_text())
+    except OSError as exc:
+        raise ConfigError(key, f"cannot read {path}: {exc.strerror or exc}") from None
+    except Exception as exc:  # yaml.YAMLError and friends: the file is the user's to fix
+        raise ConfigError(key, f"{path} is not valid YAML: {exc}") from None
+    if not isinstance(data, Mapping):
+        raise ConfigError(key, f"{path} must hold a mapping (tiers, memory_bytes, ...) at the top level")
+    return dict(data), path.parent
+
+
+def parse_extra_config(extra: Mapping[str, Any] | None, *, default_pending_bytes: int = 1 << 30) -> PluginOptions:
+    """Build :class:`PluginOptions` from LMCache's ``extra_config``; raise ConfigError naming the key.
+
+    ``default_pending_bytes`` is the default of ``kvstream.max_pending_write_bytes`` (the plugin passes a
+    quarter of LMCache's CPU pool, so pending writes never starve LMCache's own allocations).
+    """
+    opts = flatten(extra)
+    for name in opts:
+        if name not in KEYS:
+            close = difflib.get_close_matches(name, list(KEYS), n=1)
+            hint = f"; did you mean '{_field(close[0])}'?" if close else f"; known keys: {', '.join(_field(k) for k in KEYS)}"
+            raise ConfigError(_field(name), "unknown key" + hint)
+    if "config_file" not in opts and "tiers" not in opts:
+        raise ConfigError(
+            _field("tiers"),
+            "required: set kvstream.tiers ('local=PATH,shared=PATH', with kvstream.capacity_bytes) "
+            "or kvstream.config_file (a kvstream YAML file)",
+        )
+
+    data: dict[str, Any] = {}
+    base_dir: Path | None = None
+    sources: list[str] = []
+    if "config_file" in opts:
+        data, base_dir = _load_file(opts["config_file"])
+        sources.append(_field("config_file"))
+    if "tiers" in opts:
+        specs = _as_str("tiers", opts["tiers"])
+        tiers = parse_tier_specs([specs], capacity_bytes=1, field_name=_field("tiers"))
+        names = [t["name"] for t in tiers]
+        if "capacity_bytes" not in opts:
+            raise ConfigError(_field("capacity_bytes"), "required with kvstream.tiers: one size ('500GiB') "
+                                                        "or NAME=SIZE for each tier")
+        caps = _capacities(opts["capacity_bytes"], names)
+        for t in tiers:
+            t["capacity_bytes"] = caps[t["name"]]
+        data["tiers"] = tiers
+        data.setdefault("create_dirs", True)
+        sources.append(_field("tiers"))
+    elif "capacity_bytes" in opts:
+        raise ConfigError(_field("capacity_bytes"), "only used with kvstream.tiers (the config file gives "
+                                                    "each tier's capacity_bytes)")
+    for name, kind in _STORE_OVERRIDES.items():
+        if name not in opts:
+            continue
+        v = opts[name]
+        if kind == "bool":
+            data[name] = _as_bool(name, v)
+        elif kind == "float?":
+            data[name] = _as_float(name, v, minimum=0.0, allow_none=True)
+        elif kind == "size":
+            data[name] = parse_size(v, _field(name))
+        else:
+            data[name] = _as_str(name, v)
+
+    try:
+        store = StoreConfig.from_dict(data, base_dir=base_dir)
+    except ConfigError as exc:
+        raise attribute_error(exc, opts) from None
+
+    return PluginOptions(
+        store=store,
+        store_source=" + ".join(sources),
+        namespace=str(opts.get("namespace", "")),
+        flush_after_s=float(_as_float("flush_after_ms", opts.get("flush_after_ms", 20), minimum=0.0)) / 1000.0,
+        max_pending_write_bytes=parse_size(opts.get("max_pending_write_bytes", default_pending_bytes),
+                                           _field("max_pending_write_bytes")),
+        load_threads=_as_int("load_threads", opts.get("load_threads", 4), minimum=1),
+        prefetch_ttl_s=float(_as_float("prefetch_ttl_s", opts.get("prefetch_ttl_s", 120), minimum=0.001)),
+        close_timeout_s=float(_as_float("close_timeout_s", opts.get("close_timeout_s", 120), minimum=0.0)),
+    )
+
+
+def attribute_error(exc: ConfigError, opts: Mapping[str, Any]) -> ConfigError:
+    """The same error under the ``kvstream.*`` key the user wrote the value with (``opts``: flattened keys).
+
+    Used for schema errors here and for the checks the store runs at open (folder missing, not writable).
+    """
+    field = exc.field
+    detail = str(exc).split(": ", 1)[-1]
+    top = field.split("[", 1)[0].split(".", 1)[0]
+    if top == "tiers" and "tiers" in opts:
+        return ConfigError(_field("tiers"), f"{field}: {detail}")
+    if top in _STORE_OVERRIDES and top in opts:
+        return ConfigError(_field(top), detail)
+    if "config_file" in opts:
+        return ConfigError(_field("config_file"), f"{opts['config_file']}: {field}: {detail}")
+    return ConfigError(_field(top), detail)

@@ -1,0 +1,576 @@
+"""kvstream as an LMCache (0.5.6) storage plugin: ``KVStreamBackend``.
+
+Configure LMCache with::
+
+    storage_plugins: ["kvstream"]
+    extra_config:
+      storage_plugin.kvstream.module_path: kvstream.integrations.lmcache
+      storage_plugin.kvstream.class_name: KVStreamBackend
+      kvstream.tiers: "local=/nvme/kvstream,shared=/lustre/kvstream"
+      kvstream.capacity_bytes: "local=2TiB,shared=10TiB"
+
+(or ``kvstream.config_file: /etc/kvstream.yaml``; every key is listed in
+:mod:`kvstream.integrations._lmcache_config`). LMCache asks its own CPU and disk tiers first and this plugin
+last; what it finds here it copies into its CPU tier.
+
+How each LMCache call is served (facts about LMCache in docs/lmcache-notes.md):
+
+- keys: each ``CacheEngineKey`` becomes a 16-byte store key (:mod:`._lmcache_keys`: model, world size,
+  worker, chunk hash, dtype, request tags, layer), and each chunk's header keeps its dtype, shape and
+  ``MemoryFormat``, so a new process rebuilds the ``MemoryObj`` from the files alone: the cache survives a
+  restart (LMCache's LocalDiskBackend keeps that in RAM and loses it).
+- ``batched_get_blocking``: one ``Store.read_chunks`` call for the whole batch (the store routes it over all
+  tiers at once); each chunk is copied, as it lands, into a ``MemoryObj`` allocated from LMCache's CPU
+  backend with the header's shape and dtype. Only the held prefix is read; the result is a prefix too (after
+  the first miss everything is ``None``), which is how LMCache uses it.
+- async path: LMCache runs every backend's ``batched_get_non_blocking`` under one global asyncio lock, and
+  only ``batched_async_contains`` outside it; so the load starts in ``batched_async_contains`` (on a small
+  thread pool, one store read per request, several at once) and ``batched_get_non_blocking`` only awaits it.
+  Nothing here runs blocking work on LMCache's event-loop thread.
+- puts: :mod:`._lmcache_writer` (returns at once, references held until the store has the bytes, deferred
+  flush, replication by the store's policy).
+- misses are never errors: an absent, corrupted or truncated chunk file, or no CPU memory for the target,
+  is a ``None`` (counted in ``lmcache:kvstream_num_miss_chunks`` by reason).
+
+Invariants: every ``MemoryObj`` handed to LMCache carries exactly one reference, owned by LMCache; every
+object this module allocated and does not hand over is released exactly once (prefetches no one collects are
+released after ``kvstream.prefetch_ttl_s``, at ``cancel_request`` or at ``close``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import functools
+import math
+import threading
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable, List, Optional, Sequence
+
+import numpy as np
+import torch
+from lmcache.logging import init_logger
+from lmcache.utils import CacheEngineKey
+from lmcache.v1.memory_management import MemoryFormat, MemoryObj
+from lmcache.v1.storage_backend.abstract_backend import StoragePluginInterface
+
+from kvstream.errors import ConfigError, KVStreamError, StoreClosedError
+from kvstream.format import ChunkMeta
+from kvstream.integrations._lmcache_config import PluginOptions, attribute_error, flatten, parse_extra_config
+from kvstream.integrations._lmcache_keys import KeyMapper
+from kvstream.integrations._lmcache_metrics import PluginMetrics
+from kvstream.integrations._lmcache_writer import WriteItem, WriteQueue
+from kvstream.store import Store, open_store
+
+if TYPE_CHECKING:
+    from lmcache.v1.config import LMCacheEngineConfig
+    from lmcache.v1.metadata import LMCacheMetadata
+    from lmcache.v1.storage_backend.local_cpu_backend import LocalCPUBackend
+
+__all__ = ["KVStreamBackend"]
+
+logger = init_logger("kvstream.lmcache")  # LMCache's log format, so our lines sit with LMCache's
+
+_MIN_PENDING_BYTES = 64 << 20
+_COPY_THREADS = 2  # copies overlap the store's reads; two keep up with ~10 GB/s of landing chunks
+_COPY_OFFLOAD_BYTES = 4 << 20  # smaller chunks are copied on the reading thread
+
+
+def _torch_dtype(name: str) -> torch.dtype | None:
+    dt = getattr(torch, name, None)
+    return dt if isinstance(dt, torch.dtype) else None
+
+
+def _memory_format(name: str) -> MemoryFormat | None:
+    try:
+        return MemoryFormat[name]
+    except KeyError:
+        return None
+
+
+def chunk_meta_of(obj: MemoryObj) -> ChunkMeta | None:
+    """The header metadata for an LMCache object, or None if it cannot be described by one dtype and shape
+    (a hybrid model's multi-group object) or its bytes do not match its shape."""
+    shapes = getattr(obj.meta, "shapes", None)
+    if shapes is not None and len(shapes) != 1:
+        return None
+    dtype = obj.get_dtype()
+    if dtype is None:
+        return None
+    try:
+        meta = ChunkMeta(dtype=str(dtype).removeprefix("torch."), shape=tuple(int(d) for d in obj.get_shape()),
+                         fmt=obj.get_memory_format().name)
+    except ValueError:
+        return None
+    if math.prod(meta.shape) * dtype.itemsize != obj.get_size():
+        return None
+    return meta
+
+
+@dataclass(eq=False)
+class _Prefetch:
+    keys: list[CacheEngineKey]
+    future: "Future[list[Optional[MemoryObj]]]"
+    started: float = field(default_factory=time.monotonic)
+
+
+@functools.lru_cache(maxsize=256)
+def _byte_array_type(n: int) -> type:
+    return ctypes.c_ubyte * n  # cached: ctypes builds (and keeps) a new type per length otherwise
+
+
+def _physical_view(obj: MemoryObj) -> memoryview:
+    """A writable view of the object's whole allocation (its 4 KiB-rounded physical size), for O_DIRECT reads."""
+    n = obj.get_physical_size()
+    return memoryview(_byte_array_type(n).from_address(obj.data_ptr)).cast("B")
+
+
+def _copy_into(obj: MemoryObj, payload: memoryview) -> None:
+    """Copy a verified payload into an LMCache object (numpy releases the GIL for the copy)."""
+    np.copyto(np.frombuffer(obj.byte_array, dtype=np.uint8), np.frombuffer(payload, dtype=np.uint8))
+
+
+def _release_all(objs: Sequence[Optional[MemoryObj]]) -> None:
+    for o in objs:
+        if o is not None:
+            o.ref_count_down()
+
+
+def _release_when_done(fut: "Future[list[Optional[MemoryObj]]]") -> None:
+    def _done(f: "Future[list[Optional[MemoryObj]]]") -> None:
+        if not f.cancelled() and f.exception() is None:
+            _release_all(f.result())
+
+    fut.add_done_callback(_done)
+
+
+class KVStreamBackend(StoragePluginInterface):
+    """An LMCache storage plugin over a kvstream :class:`~kvstream.store.Store` (see the module docstring)."""
+
+    def __init__(
+        self,
+        dst_device: str = "cpu",
+        config: Optional["LMCacheEngineConfig"] = None,
+        metadata: Optional["LMCacheMetadata"] = None,
+        local_cpu_backend: Optional["LocalCPUBackend"] = None,
+        loop: Optional[asyncio.AbstractEventLoop] = None,
+    ) -> None:
+        super().__init__(dst_device=dst_device, config=config, metadata=metadata,
+                         local_cpu_backend=local_cpu_backend, loop=loop)
+        if config is None or metadata is None:
+            raise ConfigError("storage_plugins", "KVStreamBackend is built by LMCache's StorageManager "
+                                                 "(it needs LMCache's config and metadata)")
+        if local_cpu_backend is None:
+            raise ConfigError("max_local_cpu_size", "the kvstream plugin needs LMCache's CPU backend as its "
+                                                    "allocator: set max_local_cpu_size > 0")
+        cpu_pool = int(float(config.max_local_cpu_size) * (1 << 30))
+        extra = config.extra_config or {}
+        self.options: PluginOptions = parse_extra_config(
+            extra, default_pending_bytes=max(cpu_pool // 4, _MIN_PENDING_BYTES))
+        try:
+            self.store: Store = open_store(self.options.store)
+        except ConfigError as exc:
+            raise attribute_error(exc, flatten(extra)) from None
+        self._closed = False  # no new work accepted (set by _quiesce)
+        self._store_closed = False
+        self._writer_ok = True
+        self._close_lock = threading.Lock()
+        try:
+            self._keys = KeyMapper(self.options.namespace)
+            self.metrics = PluginMetrics(model_name=metadata.model_name, worker_id=metadata.worker_id,
+                                         role=metadata.role, served_model_name=metadata.served_model_name)
+            self._lock = threading.Lock()  # guards _prefetch and _pins; never held across I/O
+            self._prefetch: dict[str, _Prefetch] = {}
+            self._pins: dict[bytes, int] = {}
+            self._loader = ThreadPoolExecutor(max_workers=self.options.load_threads,
+                                              thread_name_prefix="kvstream-lmcache-load")
+            self._copier = ThreadPoolExecutor(max_workers=_COPY_THREADS, thread_name_prefix="kvstream-lmcache-copy")
+            self._writer = WriteQueue(self.store, payload_of=lambda o: o.byte_array.cast("B"), metrics=self.metrics,
+                                      flush_after_s=self.options.flush_after_s,
+                                      max_pending_bytes=self.options.max_pending_write_bytes, on_tick=self._tick)
+        except BaseException:
+            self.store.close()
+            raise
+        self._quiesced = False
+        # Zero-copy reads when the store offers them (see docs/lmcache-notes.md, "What the plugin needs").
+        self._zero_copy = callable(getattr(self.store, "get_meta", None)) and callable(
+            getattr(self.store, "read_into", None))
+        self._hook_cpu_backend_close()
+        self._log_ready()
+
+    def _hook_cpu_backend_close(self) -> None:
+        """Quiesce before LMCache frees its CPU arena.
+
+        ``StorageManager.close()`` closes the LocalCPUBackend (which frees the pinned arena every ``MemoryObj``
+        lives in) *before* it closes plugins, so queued puts and loaded prefetches would point into freed
+        memory by the time our ``close()`` runs. We wrap that one instance's ``close`` to store our queued puts
+        and release our objects first. Removed again if we close first.
+        """
+        cpu = self.local_cpu_backend
+        original = cpu.close
+
+        def close_after_kvstream() -> None:
+            self._quiesce()
+            original()
+
+        self._cpu_close_hook = close_after_kvstream
+        self._cpu_close_original = original
+        cpu.close = close_after_kvstream  # type: ignore[method-assign]
+
+    def __str__(self) -> str:
+        return "KVStreamBackend"
+
+    def _log_ready(self) -> None:
+        st = self.store.stats()
+        tiers = ", ".join(
+            f"{name}={t['path']} ({t['chunks']} chunks, {t['used_bytes'] / 1e9:.2f}/{t['capacity_bytes'] / 1e9:.0f} GB,"
+            f" O_DIRECT {'on' if t['direct_io'] else 'off'})"
+            for name, t in st["tiers"].items())
+        logger.info("kvstream: plugin ready (%s): tiers %s; router %s, replication %s, io engine %s",
+                    self.options.store_source, tiers, st["router"], st["replication"], st["io_engine"])
+
+    # -- lookups --------------------------------------------------------------------------------------------
+    def _held_prefix(self, keys: Sequence[CacheEngineKey]) -> int:
+        try:
+            return self.store.lookup(self._keys.many(list(keys)))
+        except StoreClosedError:
+            return 0
+
+    def _pin_keys(self, keys: Sequence[CacheEngineKey]) -> None:
+        with self._lock:
+            for k in keys:
+                sk = self._keys(k)
+                self._pins[sk] = self._pins.get(sk, 0) + 1
+
+    def contains(self, key: CacheEngineKey, pin: bool = False) -> bool:
+        found = self._held_prefix([key]) == 1
+        if found and pin:
+            self._pin_keys([key])
+        return found
+
+    def batched_contains(self, keys: List[CacheEngineKey], pin: bool = False) -> int:
+        n = self._held_prefix(keys)
+        if pin and n:
+            self._pin_keys(keys[:n])
+        return n
+
+    def exists_in_put_tasks(self, key: CacheEngineKey) -> bool:
+        return self._writer.pending(self._keys(key))
+
+    # -- writes ---------------------------------------------------------------------------------------------
+    def batched_submit_put_task(
+        self,
+        keys: Sequence[CacheEngineKey],
+        objs: List[MemoryObj],
+        transfer_spec: Any = None,
+        on_complete_callback: Optional[Callable[[CacheEngineKey], None]] = None,
+    ) -> None:
+        """Queue the objects for the store and return at once (one reference held per queued object)."""
+        if self._closed:
+            self.metrics.dropped("closing", len(keys))
+            return None
+        items = []
+        unsupported = 0
+        for key, obj in zip(keys, objs, strict=False):
+            sk = self._keys(key)
+            try:
+                if self.store.contains(sk):
+                    continue
+            except StoreClosedError:
+                return None
+            meta = chunk_meta_of(obj)
+            if meta is None:
+                unsupported += 1
+                continue
+            items.append(WriteItem(key=sk, obj=obj, meta=meta, nbytes=obj.get_size(),
+                                   on_stored=on_complete_callback, lmcache_key=key))
+        if unsupported:
+            self.metrics.dropped("unsupported_object", unsupported)
+        if items:
+            self._writer.submit(items)
+        return None
+
+    # -- reads ----------------------------------------------------------------------------------------------
+    def _target_for(self, chunk: Any) -> tuple[Optional[MemoryObj], str]:
+        """A new CPU object shaped as ``chunk``'s header says, or (None, reason)."""
+        meta: ChunkMeta = chunk.meta
+        dtype = _torch_dtype(meta.dtype)
+        fmt = _memory_format(meta.fmt)
+        if dtype is None or fmt is None or not meta.shape:
+            return None, "foreign_chunk"
+        if math.prod(meta.shape) * dtype.itemsize != len(chunk.payload):
+            return None, "foreign_chunk"
+        obj = self.local_cpu_backend.allocate(torch.Size(meta.shape), dtype, fmt, eviction=True, busy_loop=False)
+        if obj is None:
+            return None, "no_cpu_memory"
+        return obj, ""
+
+    def _read_batch(self, keys: Sequence[CacheEngineKey], path: str) -> list[Optional[MemoryObj]]:
+        """One multi-tier read of the held prefix of ``keys``; a prefix of objects, then ``None``s.
+
+        Chunks are copied into their LMCache objects on the copy pool while the store keeps reading (the
+        store's verified payload view stays valid while we hold it: its buffer is not reused before).
+        """
+        t0 = time.perf_counter()
+        n = len(keys)
+        out: list[Optional[MemoryObj]] = [None] * n
+        if n == 0:
+            return out
+        skeys = self._keys.many(list(keys))
+        if self._zero_copy:
+            return self._finish_batch(self._read_into_batch(skeys, t0), path, t0)
+        copies: list[tuple[int, MemoryObj, Future, str, int, float]] = []
+        try:
+            held = self.store.lookup(skeys)
+            self.metrics.missed("absent", n - held)
+            if held:
+                for i, chunk in self.store.read_chunks(skeys[:held]):
+                    if chunk is None:  # corrupt, truncated, vanished or unreadable on every replica
+                        self.metrics.missed("unreadable")
+                        continue
+                    landed = time.perf_counter() - t0
+                    obj, reason = self._target_for(chunk)
+                    if obj is None:
+                        self.metrics.missed(reason)
+                        continue
+                    if len(chunk.payload) >= _COPY_OFFLOAD_BYTES:
+                        fut = self._copier.submit(_copy_into, obj, chunk.payload)
+                    else:  # a small copy costs less than a hand-off to another thread
+                        fut = Future()
+                        _copy_into(obj, chunk.payload)
+                        fut.set_result(None)
+                    copies.append((i, obj, fut, chunk.source, len(chunk.payload), landed))
+                    del chunk
+            for i, obj, fut, source, nbytes, landed in copies:
+                fut.result()
+                out[i] = obj
+                self.metrics.chunk_landed(source, nbytes, landed)
+        except BaseException as exc:
+            for _, obj, fut, *_ in copies:  # every object we allocated is in ``copies``: release each once
+                try:
+                    fut.result()
+                except BaseException:
+                    pass
+                obj.ref_count_down()
+            if isinstance(exc, StoreClosedError):
+                return [None] * n
+            raise
+        return self._finish_batch(out, path, t0)
+
+    def _finish_batch(self, out: list[Optional[MemoryObj]], path: str, t0: float) -> list[Optional[MemoryObj]]:
+        # LMCache uses a prefix: release what follows the first gap now rather than through LMCache.
+        n = len(out)
+        gap = next((i for i, o in enumerate(out) if o is None), n)
+        after = [o for o in out[gap:] if o is not None]
+        if after:
+            self.metrics.missed("after_gap", len(after))
+            _release_all(after)
+            out[gap:] = [None] * (n - gap)
+        self.metrics.batch_done(path, time.perf_counter() - t0)
+        self._writer.read_done()
+        return out
+
+    def _read_into_batch(self, skeys: list[bytes], t0: float) -> list[Optional[MemoryObj]]:
+        """Zero-copy read (stores with ``get_meta`` and ``read_into``): targets are allocated in prefix order
+        from the header metadata in the store's index, then the store reads each payload straight into its
+        object (O_DIRECT into LMCache's CPU pool) and verifies it there."""
+        n = len(skeys)
+        out: list[Optional[MemoryObj]] = [None] * n
+        targets: list[MemoryObj] = []
+        try:
+            metas = self.store.get_meta(skeys)
+            for i, m in enumerate(metas):
+                if m is None:
+                    self.metrics.missed("absent", n - i)
+                    break
+                meta, payload_len = m
+                dtype, fmt = _torch_dtype(meta.dtype), _memory_format(meta.fmt)
+                if dtype is None or fmt is None or not meta.shape or math.prod(meta.shape) * dtype.itemsize != payload_len:
+                    self.metrics.missed("foreign_chunk", n - i)
+                    break
+                obj = self.local_cpu_backend.allocate(torch.Size(meta.shape), dtype, fmt, eviction=True,
+                                                      busy_loop=False)
+                if obj is None:
+                    self.metrics.missed("no_cpu_memory", n - i)
+                    break
+                targets.append(obj)
+            if targets:
+                # yields (index, result) as each chunk lands; result.ok, result.source (tier or "memory")
+                for i, res in self.store.read_into(skeys[: len(targets)], [_physical_view(o) for o in targets]):
+                    if res.ok:
+                        out[i] = targets[i]
+                        self.metrics.chunk_landed(str(res.source), targets[i].get_size(),
+                                                  time.perf_counter() - t0)
+                    else:
+                        self.metrics.missed("unreadable")
+        except BaseException as exc:
+            _release_all(targets)
+            if isinstance(exc, StoreClosedError):
+                return [None] * n
+            raise
+        _release_all([o for i, o in enumerate(targets) if out[i] is None])
+        return out
+
+    def get_blocking(self, key: CacheEngineKey) -> Optional[MemoryObj]:
+        return self._read_batch([key], "sync")[0]
+
+    def batched_get_blocking(self, keys: List[CacheEngineKey]) -> List[Optional[MemoryObj]]:
+        if self._closed:
+            return [None] * len(keys)
+        return self._read_batch(keys, "sync")
+
+    def get_non_blocking(self, key: CacheEngineKey, location: Optional[str] = None) -> Optional[Future]:
+        if self._closed or not self.contains(key):
+            return None
+        try:
+            return self._loader.submit(lambda: self._read_batch([key], "prefetch")[0])
+        except RuntimeError:  # closing
+            return None
+
+    # -- async lookup and prefetch --------------------------------------------------------------------------
+    def _start_prefetch(self, lookup_id: str, keys: list[CacheEngineKey]) -> _Prefetch:
+        try:
+            fut = self._loader.submit(self._read_batch, keys, "prefetch")
+        except RuntimeError:  # closing: the pool takes no new work; report a miss
+            fut = Future()
+            fut.set_result([None] * len(keys))
+        self.metrics.prefetch_delta(1)
+        return _Prefetch(keys=keys, future=fut)
+
+    def _discard(self, pf: _Prefetch) -> None:
+        self.metrics.prefetch_delta(-1)
+        _release_when_done(pf.future)
+
+    async def batched_async_contains(self, lookup_id: str, keys: List[CacheEngineKey], pin: bool = False) -> int:
+        """Count the held prefix and start loading it now (LMCache serialises the later get, not this)."""
+        n = self._held_prefix(keys)
+        if pin and n:
+            self._pin_keys(keys[:n])
+        if n and not self._closed:
+            pf = self._start_prefetch(lookup_id, list(keys[:n]))
+            with self._lock:
+                old = self._prefetch.pop(lookup_id, None)
+                self._prefetch[lookup_id] = pf
+            if old is not None:
+                self._discard(old)
+        return n
+
+    async def batched_get_non_blocking(self, lookup_id: str, keys: list[CacheEngineKey],
+                                       transfer_spec: Any = None) -> list[MemoryObj]:
+        """The objects of the prefetch started for ``lookup_id`` (a prefix of ``keys``)."""
+        keys = list(keys)
+        with self._lock:
+            pf = self._prefetch.pop(lookup_id, None)
+        if pf is not None and pf.keys[: len(keys)] != keys:
+            self._discard(pf)
+            pf = None
+        if pf is None:
+            if self._closed:
+                return []
+            pf = self._start_prefetch(lookup_id, keys)
+        try:
+            objs = await asyncio.wrap_future(pf.future)
+        except asyncio.CancelledError:
+            self._discard(pf)
+            raise
+        self.metrics.prefetch_delta(-1)
+        _release_all(objs[len(keys):])
+        objs = objs[: len(keys)]
+        gap = next((i for i, o in enumerate(objs) if o is None), len(objs))
+        _release_all(objs[gap:])  # _read_batch already cut at the first gap; this only guards the invariant
+        return objs[:gap]  # type: ignore[return-value]
+
+    def cancel_request(self, req_id: str) -> None:
+        with self._lock:
+            pf = self._prefetch.pop(req_id, None)
+        if pf is not None:
+            self._discard(pf)
+
+    def _tick(self) -> None:
+        """Once a second on the writer thread: drop uncollected prefetches, publish the store's counters."""
+        now = time.monotonic()
+        ttl = self.options.prefetch_ttl_s
+        with self._lock:
+            stale = [lid for lid, pf in self._prefetch.items() if now - pf.started > ttl]
+            stale_pf = [self._prefetch.pop(lid) for lid in stale]
+        for pf in stale_pf:
+            logger.warning("kvstream: prefetch of %d chunks was never collected; released", len(pf.keys))
+            self._discard(pf)
+        try:
+            self.metrics.sync_store(self.store.stats())
+        except StoreClosedError:
+            pass
+
+    # -- pins and removal -----------------------------------------------------------------------------------
+    def pin(self, key: CacheEngineKey) -> bool:
+        if not self.contains(key):
+            return False
+        self._pin_keys([key])
+        return True
+
+    def unpin(self, key: CacheEngineKey) -> bool:
+        sk = self._keys(key)
+        with self._lock:
+            n = self._pins.get(sk, 0)
+            if n <= 0:
+                return False
+            if n == 1:
+                del self._pins[sk]
+            else:
+                self._pins[sk] = n - 1
+        return True
+
+    def remove(self, key: CacheEngineKey, force: bool = True) -> bool:
+        sk = self._keys(key)
+        with self._lock:
+            self._pins.pop(sk, None)
+        try:
+            return self.store.remove(sk)
+        except StoreClosedError:
+            return False
+
+    def get_allocator_backend(self) -> "LocalCPUBackend":
+        return self.local_cpu_backend
+
+    def touch_cache(self) -> None:
+        return None
+
+    # -- shutdown -------------------------------------------------------------------------------------------
+    def _quiesce(self) -> None:
+        """Stop taking work, store every queued put, release every object we hold. Idempotent."""
+        with self._close_lock:
+            self._closed = True
+            if self._quiesced:
+                return
+            self._quiesced = True
+        self._writer_ok = self._writer.close(self.options.close_timeout_s)
+        self._loader.shutdown(wait=True, cancel_futures=True)  # loads finish; their objects are released below
+        self._copier.shutdown(wait=True)
+        with self._lock:
+            pending = list(self._prefetch.values())
+            self._prefetch.clear()
+        for pf in pending:
+            self._discard(pf)
+
+    def close(self) -> None:
+        """Store every queued put, flush, wait for the writes, release prefetches and close the store."""
+        with self._close_lock:
+            if self._store_closed:
+                return
+            self._store_closed = True
+        self._quiesce()
+        cpu = self.local_cpu_backend
+        if cpu.__dict__.get("close") is self._cpu_close_hook:
+            del cpu.close  # back to the class's method
+        ok = self._writer_ok
+        try:
+            self.store.close()
+            st = self.store.stats()
+            self.metrics.sync_store(st)
+            logger.info("kvstream: closed%s; %d puts stored, write amplification %.2f, %d chunks read from disk, "
+                        "%d misses", "" if ok else " (some queued puts were not stored)", int(st["puts"]),
+                        st["write_amplification"], int(st["disk_hits"]), int(st["misses"]))
+        except KVStreamError as exc:
+            logger.error("kvstream: close failed: %s", exc)

@@ -1,0 +1,594 @@
+"""The LMCache storage plugin, driven through LMCache's own StorageManager and ChunkedTokenDatabase (CPU only).
+
+CI installs torch==2.13.0 and lmcache==0.5.6; these tests import both unconditionally (a missing install is a
+failure, not a skip). Every manager is closed in ``finally`` (LMCache's threads would otherwise keep the
+process alive) and every test has a time limit.
+"""
+
+from __future__ import annotations
+
+import os
+
+for _k, _v in {"LMCACHE_TRACK_USAGE": "false", "DO_NOT_TRACK": "1", "HF_HUB_OFFLINE": "1"}.items():
+    os.environ[_k] = _v  # before LMCache is imported: it reports usage over the network by default
+
+import asyncio
+import contextlib
+import ctypes
+import json
+import logging
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from lmcache.utils import CacheEngineKey, LayerCacheEngineKey
+from lmcache.v1.config import LMCacheEngineConfig
+from lmcache.v1.event_manager import EventManager, EventStatus, EventType
+from lmcache.v1.memory_management import MemoryFormat
+from lmcache.v1.metadata import LMCacheMetadata
+from lmcache.v1.pin_monitor import PinMonitor
+from lmcache.v1.storage_backend.storage_manager import StorageManager
+from lmcache.v1.token_database import ChunkedTokenDatabase
+from prometheus_client import REGISTRY
+
+from kvstream.errors import ConfigError
+from kvstream.integrations._lmcache_config import parse_extra_config
+from kvstream.integrations._lmcache_keys import KeyMapper
+from kvstream.integrations.lmcache import KVStreamBackend
+
+pytestmark = [pytest.mark.lmcache, pytest.mark.timeout(120)]
+
+LAYERS, HEADS, HEAD_DIM, CHUNK = 4, 2, 64, 256  # 512 KiB per bf16 chunk
+PLUGIN = "kvstream"
+
+
+def _config(extra: dict, *, local_disk: str | None = None, async_loading: bool = False) -> LMCacheEngineConfig:
+    kw = dict(chunk_size=CHUNK, local_cpu=False, max_local_cpu_size=0.06, save_unfull_chunk=True,
+              enable_async_loading=async_loading, storage_plugins=[PLUGIN],
+              extra_config={f"storage_plugin.{PLUGIN}.module_path": "kvstream.integrations.lmcache",
+                            f"storage_plugin.{PLUGIN}.class_name": "KVStreamBackend", **extra})
+    if local_disk is not None:
+        kw.update(local_disk=local_disk, max_local_disk_size=0.1)
+        kw["extra_config"]["use_odirect"] = True
+    return LMCacheEngineConfig.from_defaults(**kw)
+
+
+def _metadata(model: str = "test/model", world_size: int = 1, worker_id: int = 0) -> LMCacheMetadata:
+    return LMCacheMetadata(model_name=model, world_size=world_size, local_world_size=world_size, worker_id=worker_id,
+                           local_worker_id=worker_id, kv_dtype=torch.bfloat16,
+                           kv_shape=(LAYERS, 2, CHUNK, HEADS, HEAD_DIM))
+
+
+def _tiers(root: Path, two: bool = True) -> dict:
+    spec = f"local={root / 'local'}" + (f",shared={root / 'shared'}" if two else "")
+    return {"kvstream.tiers": spec, "kvstream.capacity_bytes": "256MiB", "kvstream.memory_bytes": "16MiB"}
+
+
+@contextlib.contextmanager
+def manager(extra: dict, **kw):
+    cfg = _config(extra, **{k: v for k, v in kw.items() if k in ("local_disk", "async_loading")})
+    PinMonitor.GetOrCreate(cfg)
+    sm = StorageManager(cfg, kw.get("metadata") or _metadata(), EventManager())
+    try:
+        yield sm
+    finally:
+        sm.close()
+
+
+def _chunks(sm: StorageManager, n_tokens: int, seed: int = 0, request_configs: dict | None = None):
+    """(start, end, key) of a token sequence, and a reference tensor per chunk ([2, L, T, H*D], bf16)."""
+    cfg, meta = sm.config, sm.metadata
+    tokens = list(range(seed * 100_000, seed * 100_000 + n_tokens))
+    infos = list(ChunkedTokenDatabase(cfg, meta).process_tokens(tokens=tokens, request_configs=request_configs))
+    g = torch.Generator().manual_seed(seed)
+    refs = [torch.randn((2, LAYERS, e - s, HEADS * HEAD_DIM), generator=g).to(torch.bfloat16) for s, e, _ in infos]
+    return infos, refs
+
+
+def _put(sm: StorageManager, infos, refs) -> None:
+    objs = []
+    for (_, _, _), ref in zip(infos, refs):
+        obj = sm.allocate(ref.shape, ref.dtype, MemoryFormat.KV_2LTD)
+        assert obj is not None
+        obj.tensor.copy_(ref)
+        objs.append(obj)
+    sm.batched_put([k for _, _, k in infos], objs)
+
+
+def _get(sm: StorageManager, keys):
+    """The engine's own retrieve path: block mapping, then one batched_get per location."""
+    mapping = sm.get_block_mapping([(k, 0, 0) for k in keys])
+    out = []
+    for location, blocks in mapping.items():
+        assert location == PLUGIN
+        out += sm.batched_get([k for k, _, _ in blocks], location=location)
+    return out
+
+
+def _plugin(sm: StorageManager) -> KVStreamBackend:
+    backend = sm.storage_backends[PLUGIN]
+    assert isinstance(backend, KVStreamBackend)
+    return backend
+
+
+def _release(objs) -> None:
+    for o in objs:
+        if o is not None:
+            o.ref_count_down()
+
+
+def _wait_stored(sm: StorageManager, keys, timeout: float = 10.0) -> None:
+    plugin = _plugin(sm)
+    deadline = time.monotonic() + timeout
+    while any(plugin.exists_in_put_tasks(k) for k in keys):
+        assert time.monotonic() < deadline, "puts not stored in time"
+        time.sleep(0.01)
+
+
+def _metric(name: str, **labels: str) -> float:
+    total = 0.0
+    for m in REGISTRY.collect():
+        for s in m.samples:
+            if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()):
+                total += s.value
+    return total
+
+
+# -- store, read back, restart --------------------------------------------------------------------------------
+def test_chunks_read_back_bit_exact(disk_tmp):
+    with manager(_tiers(disk_tmp)) as sm:
+        infos, refs = _chunks(sm, 4 * CHUNK + 100)  # four full chunks and a partial one
+        keys = [k for _, _, k in infos]
+        t0 = time.perf_counter()
+        _put(sm, infos, refs)
+        assert time.perf_counter() - t0 < 0.5
+        _wait_stored(sm, keys)
+        assert sm.batched_contains(keys)[0] == len(keys)
+        got = _get(sm, keys)
+        try:
+            assert len(got) == len(keys)
+            for obj, ref in zip(got, refs):
+                assert obj is not None
+                assert obj.get_memory_format() == MemoryFormat.KV_2LTD
+                assert obj.get_shape() == ref.shape and obj.get_dtype() == torch.bfloat16
+                assert torch.equal(obj.tensor, ref)
+                assert obj.get_ref_count() == 1
+        finally:
+            _release(got)
+
+
+def test_cache_survives_restart_and_lmcache_disk_tier_does_not(disk_tmp):
+    disk = str(disk_tmp / "lmcache-disk")
+    with manager(_tiers(disk_tmp), local_disk=disk) as sm:
+        infos, refs = _chunks(sm, 3 * CHUNK)
+        keys = [k for _, _, k in infos]
+        _put(sm, infos, refs)
+        _wait_stored(sm, keys)
+        time.sleep(0.2)  # LocalDiskBackend writes on its own pool
+    hits_before = _metric("lmcache:kvstream_num_hit_chunks_total", tier="memory")
+    with manager(_tiers(disk_tmp), local_disk=disk) as sm:
+        assert sm.storage_backends["LocalDiskBackend"].batched_contains(keys) == 0  # its index was in RAM
+        assert _plugin(sm).batched_contains(keys) == len(keys)
+        hit, mapping = sm.batched_contains(keys)
+        assert hit == len(keys) and list(mapping) == [PLUGIN]
+        got = sm.batched_get(keys, location=PLUGIN)
+        try:
+            assert all(o is not None and torch.equal(o.tensor, r) for o, r in zip(got, refs))
+        finally:
+            _release(got)
+        # read from the tier files, not from any memory
+        assert _metric("lmcache:kvstream_num_hit_chunks_total", tier="memory") == hits_before
+        stats = _plugin(sm).store.stats()
+        assert stats["disk_hits"] == len(keys)
+
+
+def test_read_is_one_multi_tier_batch(disk_tmp):
+    """One store read for the batch, served by both tiers at once (meet in the middle)."""
+    conf = disk_tmp / "kvstream.yaml"
+    conf.write_text(  # small per-tier read windows, so even this small batch is split between the tiers
+        "tiers:\n"
+        f"  - {{name: local, path: {disk_tmp / 'local'}, capacity_bytes: 256MiB, read_inflight_bytes: 1MiB}}\n"
+        f"  - {{name: shared, path: {disk_tmp / 'shared'}, capacity_bytes: 256MiB, read_inflight_bytes: 1MiB}}\n"
+        "memory_bytes: 16MiB\ncreate_dirs: true\nreplication: full\nrouter: mitm\n")
+    extra = {"kvstream.config_file": str(conf)}
+    with manager(extra) as sm:
+        infos, refs = _chunks(sm, 12 * CHUNK)
+        keys = [k for _, _, k in infos]
+        _put(sm, infos, refs)
+        _wait_stored(sm, keys)
+    with manager(extra) as sm:
+        plugin = _plugin(sm)
+        calls = []
+        real = plugin.store.read_chunks
+        plugin.store.read_chunks = lambda ks, **kw: (calls.append(len(ks)), real(ks, **kw))[1]
+        got = sm.batched_get(keys, location=PLUGIN)
+        try:
+            assert calls == [len(keys)]
+            assert all(torch.equal(o.tensor, r) for o, r in zip(got, refs))
+        finally:
+            _release(got)
+        tiers = plugin.store.stats()["tiers"]
+        assert tiers["local"]["read_chunks"] > 0 and tiers["shared"]["read_chunks"] > 0, tiers
+
+
+# -- async lookup and prefetch --------------------------------------------------------------------------------
+class _Scheduler:
+    def __init__(self) -> None:
+        self.responses: dict[str, int] = {}
+
+    def send_response_to_scheduler(self, lookup_id: str, n: int) -> None:
+        self.responses[lookup_id] = n
+
+
+def _prefetch(sm: StorageManager, lookup_id: str, infos, timeout: float = 20.0):
+    keys = [k for _, _, k in infos]
+    cum = [0] + [e for _, e, _ in infos]
+    asyncio.run_coroutine_threadsafe(sm.async_lookup_and_prefetch(lookup_id, keys, cum, None, pin=False),
+                                     sm.loop).result(timeout)
+
+
+def _collect(sm: StorageManager, lookup_id: str, timeout: float = 20.0):
+    deadline = time.monotonic() + timeout
+    while sm.async_lookup_server.responses.get(lookup_id) is None:
+        assert time.monotonic() < deadline, "no response to the scheduler"
+        time.sleep(0.005)
+    if sm.event_manager.get_event_status(EventType.LOADING, lookup_id) == EventStatus.NOT_FOUND:
+        return sm.async_lookup_server.responses[lookup_id], []  # nothing was hit, nothing loaded
+    fut = sm.event_manager.get_event_future(EventType.LOADING, lookup_id)
+    return sm.async_lookup_server.responses[lookup_id], [pair for tier in fut.result() for pair in tier]
+
+
+def test_async_lookup_and_prefetch_returns_the_stored_prefix(disk_tmp):
+    with manager(_tiers(disk_tmp), async_loading=True) as sm:
+        infos, refs = _chunks(sm, 5 * CHUNK + 40)
+        _put(sm, infos[:3], refs[:3])  # only the first three chunks are stored
+        _wait_stored(sm, [k for _, _, k in infos[:3]])
+    with manager(_tiers(disk_tmp), async_loading=True) as sm:
+        sm.async_lookup_server = _Scheduler()
+        _prefetch(sm, "req-a", infos)
+        _prefetch(sm, "req-b", infos[:2])
+        n_a, pairs_a = _collect(sm, "req-a")
+        n_b, pairs_b = _collect(sm, "req-b")
+        try:
+            assert n_a == 3 * CHUNK and n_b == 2 * CHUNK
+            assert [k for k, _ in pairs_a] == [k for _, _, k in infos[:3]]
+            assert all(torch.equal(o.tensor, refs[i]) for i, (_, o) in enumerate(pairs_a))
+            assert all(torch.equal(o.tensor, refs[i]) for i, (_, o) in enumerate(pairs_b))
+        finally:
+            _release([o for _, o in pairs_a + pairs_b])
+        _prefetch(sm, "req-miss", _chunks(sm, 2 * CHUNK, seed=7)[0])
+        assert _collect(sm, "req-miss")[0] == 0
+
+
+def test_prefetches_of_several_requests_load_in_parallel(disk_tmp):
+    """LMCache serialises every backend's batched_get_non_blocking; ours start in batched_async_contains."""
+    delay = 0.4
+    with manager(_tiers(disk_tmp), async_loading=True) as sm:
+        sm.async_lookup_server = _Scheduler()
+        seqs = [_chunks(sm, 2 * CHUNK, seed=s) for s in (1, 2, 3)]
+        for infos, refs in seqs:
+            _put(sm, infos, refs)
+            _wait_stored(sm, [k for _, _, k in infos])
+        plugin = _plugin(sm)
+        real = plugin.store.read_chunks
+
+        def slow_read(keys, **kw):
+            time.sleep(delay)  # a slow tier: each batch read takes `delay`
+            yield from real(keys, **kw)
+
+        plugin.store.read_chunks = slow_read
+        t0 = time.perf_counter()
+        for i, (infos, _) in enumerate(seqs):
+            _prefetch(sm, f"r{i}", infos)
+        results = [_collect(sm, f"r{i}") for i in range(len(seqs))]
+        elapsed = time.perf_counter() - t0
+        try:
+            for (n, pairs), (infos, refs) in zip(results, seqs):
+                assert n == infos[-1][1]
+                assert all(torch.equal(o.tensor, r) for (_, o), r in zip(pairs, refs))
+        finally:
+            _release([o for _, pairs in results for _, o in pairs])
+        assert elapsed < delay * (len(seqs) - 0.5), f"prefetches ran one after another ({elapsed:.2f} s)"
+
+
+# -- damaged files are misses ---------------------------------------------------------------------------------
+def _damage(path: Path, how: str) -> None:
+    if how == "missing":
+        path.unlink()
+    elif how == "truncated":
+        size = path.stat().st_size
+        os.truncate(path, size // 2)
+    elif how == "corrupted":
+        with open(path, "r+b") as f:
+            f.seek(4096 + 1000)  # inside the payload
+            b = f.read(1)
+            f.seek(4096 + 1000)
+            f.write(bytes([b[0] ^ 0xFF]))
+    else:  # pragma: no cover
+        raise AssertionError(how)
+
+
+@pytest.mark.parametrize("how", ["missing", "corrupted", "truncated"])
+def test_damaged_chunk_file_is_a_miss(disk_tmp, how):
+    extra = _tiers(disk_tmp, two=False)
+    with manager(extra) as sm:
+        infos, refs = _chunks(sm, 4 * CHUNK)
+        keys = [k for _, _, k in infos]
+        _put(sm, infos, refs)
+        _wait_stored(sm, keys)
+        skey = _plugin(sm)._keys(keys[2])
+        path = _plugin(sm).store.tiers[0].path_for(skey)
+    assert path.exists()
+    _damage(path, how)
+    with manager(extra) as sm:
+        got = sm.batched_get(keys, location=PLUGIN)
+        try:
+            assert [o is not None for o in got] == [True, True, False, False]
+            assert all(torch.equal(o.tensor, r) for o, r in zip(got[:2], refs))
+        finally:
+            _release(got)
+        assert _metric("lmcache:kvstream_num_miss_chunks_total", reason="unreadable") >= 1
+
+
+def test_damaged_replica_is_read_from_the_other_tier(disk_tmp):
+    with manager(_tiers(disk_tmp)) as sm:
+        infos, refs = _chunks(sm, 3 * CHUNK)
+        keys = [k for _, _, k in infos]
+        _put(sm, infos, refs)
+        _wait_stored(sm, keys)
+        plugin = _plugin(sm)
+        paths = [plugin.store.tiers[0].path_for(plugin._keys(k)) for k in keys]
+    for p in paths:
+        _damage(p, "corrupted")
+    with manager(_tiers(disk_tmp)) as sm:
+        got = sm.batched_get(keys, location=PLUGIN)
+        try:
+            assert all(o is not None and torch.equal(o.tensor, r) for o, r in zip(got, refs))
+        finally:
+            _release(got)
+        assert _plugin(sm).store.stats()["tiers"]["local"]["corrupt_chunks"] >= 1
+
+
+class _ReadResult:
+    def __init__(self, ok: bool, source: str) -> None:
+        self.ok, self.source = ok, source
+
+
+def _zero_copy_shim(store) -> list:
+    """The read API the plugin asks of the store (get_meta + read_into), emulated over read_chunks, checking
+    the plugin's side of the contract: 4 KiB-aligned targets, at least the payload rounded up to 4 KiB."""
+    seen = []
+
+    def get_meta(keys):
+        out = [None] * len(keys)
+        for i, c in store.read_chunks(keys):
+            if c is not None:
+                out[i] = (c.meta, len(c.payload))
+        return out
+
+    def read_into(keys, targets):
+        for i, c in store.read_chunks(keys):
+            t = targets[i]
+            addr = ctypes.addressof(ctypes.c_char.from_buffer(t))
+            assert addr % 4096 == 0 and t.ndim == 1 and not t.readonly
+            if c is None:
+                yield i, _ReadResult(False, "")
+                continue
+            assert len(t) >= (len(c.payload) + 4095) // 4096 * 4096
+            t[: len(c.payload)] = c.payload
+            seen.append(c.source)
+            yield i, _ReadResult(True, c.source)
+
+    store.get_meta, store.read_into = get_meta, read_into
+    return seen
+
+
+def test_zero_copy_read_path_when_the_store_offers_it(disk_tmp):
+    extra = _tiers(disk_tmp, two=False)
+    with manager(extra) as sm:
+        infos, refs = _chunks(sm, 4 * CHUNK + 10, seed=3)  # a partial last chunk too
+        keys = [k for _, _, k in infos]
+        _put(sm, infos, refs)
+        _wait_stored(sm, keys)
+        path = _plugin(sm).store.tiers[0].path_for(_plugin(sm)._keys(keys[3]))
+    _damage(path, "corrupted")
+    with manager(extra) as sm:
+        plugin = _plugin(sm)
+        assert not plugin._zero_copy  # the store as it is today: the copying path
+        seen = _zero_copy_shim(plugin.store)
+        plugin._zero_copy = True
+        got = sm.batched_get(keys, location=PLUGIN)
+        try:
+            assert [o is not None for o in got] == [True, True, True, False, False]
+            assert all(torch.equal(o.tensor, r) for o, r in zip(got[:3], refs))
+            assert len(seen) == 3
+        finally:
+            _release(got)
+        got = sm.batched_get(keys[:2] + [_chunks(sm, CHUNK, seed=9)[0][0][2]], location=PLUGIN)
+        try:
+            assert [o is not None for o in got] == [True, True, False]
+        finally:
+            _release(got)
+
+
+# -- writes ---------------------------------------------------------------------------------------------------
+def test_put_returns_at_once_holds_references_and_close_waits(disk_tmp):
+    with manager(_tiers(disk_tmp)) as sm:
+        plugin = _plugin(sm)
+        real_put = plugin.store.put
+
+        def slow_put(*a, **kw):
+            time.sleep(0.3)
+            return real_put(*a, **kw)
+
+        plugin.store.put = slow_put
+        infos, refs = _chunks(sm, 3 * CHUNK, seed=5)
+        keys = [k for _, _, k in infos]
+        objs = []
+        for ref in refs:
+            o = sm.allocate(ref.shape, ref.dtype, MemoryFormat.KV_2LTD)
+            o.tensor.copy_(ref)
+            objs.append(o)
+        for o in objs:
+            o.ref_count_up()  # the test's own reference, to watch the plugin's
+        t0 = time.perf_counter()
+        sm.batched_put(keys, objs)  # the manager drops its reference on return
+        assert time.perf_counter() - t0 < 0.2
+        assert all(plugin.exists_in_put_tasks(k) for k in keys)
+        assert all(o.get_ref_count() == 2 for o in objs)  # ours + the pending write's
+        again = []
+        for ref in refs:  # a second put of the pending keys (new objects, as LMCache would pass) is not queued
+            o = sm.allocate(ref.shape, ref.dtype, MemoryFormat.KV_2LTD)
+            o.ref_count_up()
+            again.append(o)
+        sm.batched_put(keys, again)
+        assert all(o.get_ref_count() == 1 for o in again)  # only ours is left
+        for o in objs + again:
+            o.ref_count_down()
+    # close() waited for the slow puts and the disk writes
+    assert all(o.get_ref_count() == 0 for o in objs)
+    with manager(_tiers(disk_tmp)) as sm:
+        got = sm.batched_get(keys, location=PLUGIN)
+        try:
+            assert all(o is not None and torch.equal(o.tensor, r) for o, r in zip(got, refs))
+        finally:
+            _release(got)
+
+
+def test_remove_pin_unpin(disk_tmp):
+    with manager(_tiers(disk_tmp)) as sm:
+        plugin = _plugin(sm)
+        infos, refs = _chunks(sm, 2 * CHUNK)
+        keys = [k for _, _, k in infos]
+        _put(sm, infos, refs)
+        _wait_stored(sm, keys)
+        assert plugin.batched_contains(keys, pin=True) == 2
+        assert plugin.unpin(keys[0]) and not plugin.unpin(keys[0])
+        assert plugin.pin(keys[1]) and plugin.unpin(keys[1]) and plugin.unpin(keys[1])
+        sm.batched_unpin(keys)  # what LMCache does after a pinned lookup: unknown pins are just False
+        assert plugin.remove(keys[1])
+        assert not plugin.contains(keys[1]) and plugin.contains(keys[0])
+        assert not plugin.remove(keys[1])
+        got = sm.batched_get(keys, location=PLUGIN)
+        try:
+            assert got[0] is not None and got[1] is None
+        finally:
+            _release(got)
+
+
+# -- keys -----------------------------------------------------------------------------------------------------
+def test_keys_distinct_across_models_dtypes_world_sizes_workers_tags_and_layers():
+    base = dict(model_name="m", world_size=2, worker_id=0, chunk_hash=-12345, dtype=torch.bfloat16)
+    variants = [
+        CacheEngineKey(**base),
+        CacheEngineKey(**{**base, "model_name": "m2"}),
+        CacheEngineKey(**{**base, "dtype": torch.float16}),
+        CacheEngineKey(**{**base, "world_size": 4}),
+        CacheEngineKey(**{**base, "worker_id": 1}),
+        CacheEngineKey(**{**base, "chunk_hash": 12345}),
+        CacheEngineKey(**base, request_configs={"lmcache.tag.user": "a"}),
+        CacheEngineKey(**base, request_configs={"lmcache.tag.user": "b"}),
+        CacheEngineKey(**base, request_configs={"lmcache.tag.user": "a", "lmcache.tag.x": "y"}),
+        LayerCacheEngineKey(**base, layer_id=0),
+        LayerCacheEngineKey(**base, layer_id=1),
+        # spell the same to_string() in two ways: '@' inside the model name / tag values
+        CacheEngineKey(model_name="a@2@0", world_size=1, worker_id=0, chunk_hash=1, dtype=torch.bfloat16),
+        CacheEngineKey(model_name="a", world_size=2, worker_id=0, chunk_hash=1, dtype=torch.bfloat16,
+                       request_configs={"lmcache.tag.t": "1@x%y"}),
+        CacheEngineKey(model_name="a", world_size=2, worker_id=0, chunk_hash=1, dtype=torch.bfloat16,
+                       request_configs={"lmcache.tag.t": "1", "lmcache.tag.x": "y"}),
+    ]
+    mapper = KeyMapper()
+    skeys = [mapper(k) for k in variants]
+    assert len(set(skeys)) == len(variants)
+    assert all(len(s) == 16 for s in skeys)
+    # equal keys map equally, in any process (a fresh mapper), and non-tag request configs do not matter
+    same = CacheEngineKey(**base, request_configs={"other_setting": 1})
+    assert KeyMapper()(same) == skeys[0]
+    assert KeyMapper(namespace="other")(variants[0]) != skeys[0]
+
+
+# -- configuration --------------------------------------------------------------------------------------------
+def test_misconfigured_plugin_fails_naming_the_key(disk_tmp):
+    with pytest.raises(ConfigError, match=r"kvstream\.tiers"):
+        parse_extra_config({"kvstream.memory_bytes": "1GiB"})
+    with pytest.raises(ConfigError, match=r"kvstream\.teirs.*did you mean 'kvstream\.tiers'"):
+        parse_extra_config({"kvstream.teirs": "a=/x"})
+    with pytest.raises(ConfigError, match=r"kvstream\.capacity_bytes"):
+        parse_extra_config({"kvstream.tiers": f"local={disk_tmp}"})
+    with pytest.raises(ConfigError, match=r"kvstream\.router"):
+        parse_extra_config({**_tiers(disk_tmp), "kvstream.router": "zigzag"})
+    with pytest.raises(ConfigError, match=r"kvstream\.config_file"):
+        parse_extra_config({"kvstream.config_file": str(disk_tmp / "nope.yaml")})
+    bad_file = disk_tmp / "store.yaml"
+    bad_file.write_text("tiers: [{name: local, path: /x, capacity_bytes: 1GiB}]\nreplication: twice\n")
+    with pytest.raises(ConfigError, match=r"kvstream\.config_file.*replication"):
+        parse_extra_config({"kvstream.config_file": str(bad_file)})
+
+    # Through LMCache: it catches the constructor's error, logs it and runs without the plugin.
+    records: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda r: records.append(r.getMessage())  # type: ignore[method-assign]
+    lm_logger = logging.getLogger("lmcache.v1.storage_backend")
+    lm_logger.addHandler(handler)
+    try:
+        with manager({**_tiers(disk_tmp), "kvstream.replication": "twice"}) as sm:
+            assert PLUGIN not in sm.storage_backends
+    finally:
+        lm_logger.removeHandler(handler)
+    assert any("kvstream.replication" in r and PLUGIN in r for r in records), records
+
+
+def test_env_var_form_and_lmcache_yaml_load_the_plugin(disk_tmp, monkeypatch):
+    extra = {f"storage_plugin.{PLUGIN}.module_path": "kvstream.integrations.lmcache",
+             f"storage_plugin.{PLUGIN}.class_name": "KVStreamBackend", **_tiers(disk_tmp)}
+    for k, v in {"LMCACHE_CHUNK_SIZE": "256", "LMCACHE_LOCAL_CPU": "false", "LMCACHE_MAX_LOCAL_CPU_SIZE": "0.06",
+                 "LMCACHE_STORAGE_PLUGINS": PLUGIN, "LMCACHE_EXTRA_CONFIG": json.dumps(extra)}.items():
+        monkeypatch.setenv(k, v)
+    yaml_file = disk_tmp / "lmcache.yaml"
+    yaml_file.write_text(yaml.safe_dump({"chunk_size": 256, "local_cpu": False, "max_local_cpu_size": 0.06,
+                                         "storage_plugins": [PLUGIN], "extra_config": extra}))
+    for cfg in (LMCacheEngineConfig.from_env(), LMCacheEngineConfig.from_file(str(yaml_file))):
+        PinMonitor.GetOrCreate(cfg)
+        sm = StorageManager(cfg, _metadata(), EventManager())
+        try:
+            assert isinstance(sm.storage_backends.get(PLUGIN), KVStreamBackend)
+        finally:
+            sm.close()
+
+
+def test_config_forms(disk_tmp):
+    opts = parse_extra_config({"kvstream.tiers": f"a={disk_tmp / 'a'},b={disk_tmp / 'b'}",
+                               "kvstream.capacity_bytes": "a=1GiB,b=2GiB", "kvstream.replication": "single",
+                               "kvstream.create_dirs": "false", "kvstream.flush_after_ms": "5"})
+    assert [(t.name, t.capacity_bytes) for t in opts.store.tiers] == [("a", 1 << 30), ("b", 2 << 30)]
+    assert opts.store.replication == "single" and opts.store.create_dirs is False
+    assert opts.flush_after_s == pytest.approx(0.005)
+    f = disk_tmp / "kv.yaml"
+    f.write_text("tiers:\n  - {name: local, path: local, capacity_bytes: 1GiB}\nrouter: mitm:2\n")
+    opts = parse_extra_config({"kvstream": {"config_file": str(f), "io_engine": "threads"}})
+    assert opts.store.tiers[0].path == str(disk_tmp / "local") and opts.store.router == "mitm:2"
+    assert opts.store.io_engine == "threads"
+
+
+# -- metrics --------------------------------------------------------------------------------------------------
+def test_per_tier_metrics_in_lmcache_style(disk_tmp):
+    with manager(_tiers(disk_tmp)) as sm:
+        infos, refs = _chunks(sm, 6 * CHUNK, seed=11)
+        keys = [k for _, _, k in infos]
+        _put(sm, infos, refs)
+        _wait_stored(sm, keys)
+    labels = {"model_name": "test/model", "worker_id": "0"}
+    before = {t: _metric("lmcache:kvstream_num_hit_chunks_total", tier=t, **labels) for t in ("local", "shared")}
+    with manager(_tiers(disk_tmp)) as sm:
+        got = sm.batched_get(keys, location=PLUGIN)
+        _release(got)
+    hits = {t: _metric("lmcache:kvstream_num_hit_chunks_total", tier=t, **labels) - before[t]
+            for t in ("local", "shared")}
+    assert sum(hits.values()) == len(keys)
+    assert _metric("lmcache:kvstream_num_read_bytes_total", tier="local") > 0
+    assert _metric("lmcache:kvstream_time_to_chunk_count", tier="local") > 0
+    assert _metric("lmcache:kvstream_num_written_bytes_total", tier="shared") > 0
+    assert _metric("lmcache:kvstream_time_to_get_count", path="sync") > 0
