@@ -42,3 +42,16 @@ def test_replay_refuses_one_tier_and_unknown_system(tmp_path):
     args = _args(tmp_path, "--systems", "vllm")
     with pytest.raises(UsageError, match="unknown system"):
         args.handler(args)
+
+
+def test_replay_takes_a_relative_out_folder(tmp_path, monkeypatch, capsys):
+    # The README's demo runs `kvstream replay` with its default, relative --out; tier paths must still work.
+    monkeypatch.chdir(tmp_path)
+    args = build_parser().parse_args([
+        "replay", "--requests", "4", "--model", "qwen2.5-0.5b", "--memory", "32MiB", "--gpu-kv", "8MiB",
+        "--tier-capacity", "256MiB", "--speed", "4", "--systems", "kvstream", "--out", "rel-out", "--json",
+    ])
+    assert args.handler(args) == 0
+    rep = json.loads(capsys.readouterr().out)
+    assert rep["results"][0]["summary"]["completed"] == 4
+    assert (tmp_path / "rel-out" / "replay.json").exists()

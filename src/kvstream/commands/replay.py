@@ -91,7 +91,7 @@ def _tier_paths(args: argparse.Namespace, out: Path) -> tuple[list[tuple[str, Pa
         specs = parse_tier_specs(args.tier, capacity_bytes=1)
         if len(specs) != 2:
             raise UsageError("--tier: give exactly two tiers, local first (e.g. --tier local=/nvme --tier shared=/pfs)")
-        return [(s["name"], Path(s["path"])) for s in specs], False
+        return [(s["name"], Path(s["path"]).resolve()) for s in specs], False
     return [("local", out / "tiers" / "local"), ("shared", out / "tiers" / "shared")], True
 
 
@@ -200,7 +200,7 @@ def _run_one(name: str, reqs: list[Any], tiers: list[tuple[str, Path]], args: ar
 def run_replay(args: argparse.Namespace) -> dict[str, Any]:
     from kvstream.serving.gpu import CostModel, get_gpu, get_model_shape
 
-    out = Path(args.out)
+    out = Path(args.out).resolve()  # tier folders must be absolute (StoreConfig); --out may be relative
     out.mkdir(parents=True, exist_ok=True)
     names = [s.strip() for s in args.systems.split(",") if s.strip()]
     for n in names:
