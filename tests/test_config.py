@@ -96,3 +96,23 @@ def test_tier_specs():
     assert [t["name"] for t in parse_tier_specs(["local=/a,shared=/b"], capacity_bytes=1)] == ["local", "shared"]
     with pytest.raises(ConfigError, match="NAME=PATH"):
         parse_tier_specs(["local"], capacity_bytes=1)
+
+
+@pytest.mark.parametrize("field,value,match", [
+    ("memory_eviction", "belady", "simulator only"),
+    ("memory_eviction", "hit-potentail", "did you mean 'hit-potential'"),
+    ("read_windows", "balancd", "did you mean 'balanced'"),
+])
+def test_policy_names_are_checked_with_suggestions(tmp_path, field, value, match):
+    with pytest.raises(ConfigError, match=match) as ei:
+        StoreConfig.from_dict(cfg(tmp_path, **{field: value}))
+    assert ei.value.field == field
+
+
+def test_policies_that_need_options_open_in_a_store(tmp_path):
+    # hit-potential needs a capacity: the store passes its tier's, so naming it in a config just works
+    c = cfg(tmp_path, memory_eviction="hit-potential", read_windows="fixed")
+    c["tiers"][0]["eviction"] = "hit-potential"
+    with kvstream.open_store(c) as s:
+        s.put(b"k" * 16, b"x" * 1000)
+        assert s.get_many([b"k" * 16])[0] is not None

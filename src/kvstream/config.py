@@ -76,6 +76,11 @@ def size_arg(text: str) -> int:
     return n
 
 
+def _did_you_mean(value: str, known: list[str]) -> str:
+    close = difflib.get_close_matches(value, known, n=1)
+    return f" (did you mean '{close[0]}'?)" if close else ""
+
+
 def _suggest(key: str, known: list[str]) -> str:
     close = difflib.get_close_matches(key, known, n=1)
     return f"; did you mean '{close[0]}'?" if close else f"; known keys: {', '.join(sorted(known))}"
@@ -110,6 +115,9 @@ class StoreConfig:
     create_dirs: bool = False  # create missing tier folders instead of failing
     chunk_bytes: int | None = None  # expected payload size; when given, capacities are checked against it
     hedge_after_s: float | None = None  # re-issue a read on another replica after this long (None: off)
+    # "balanced": size each tier's read window by its measured speed so all drain together (read_windows.py);
+    # "fixed": every tier keeps its read_inflight_bytes.
+    read_windows: str = "balanced"
     node_id: str = field(default_factory=lambda: os.uname().nodename)
 
     # -- construction ---------------------------------------------------------------------------------------
@@ -191,15 +199,23 @@ class StoreConfig:
         parse_replication(self.replication)
         if self.io_engine not in ("uring", "threads", "auto"):
             raise ConfigError("io_engine", f"unknown engine {self.io_engine!r}; expected uring, threads or auto")
-        from kvstream.eviction import make_eviction_policy
+        from kvstream.eviction import eviction_policy_names
 
+        usable = [n for n in eviction_policy_names() if n != "belady"]
         for fname, pol in [("memory_eviction", self.memory_eviction)] + [
             (f"tiers[{i}].eviction", t.eviction) for i, t in enumerate(self.tiers)
         ]:
-            try:
-                make_eviction_policy(pol)
-            except (KeyError, TypeError) as exc:
-                raise ConfigError(fname, str(exc).strip('"')) from None
+            if pol == "belady":  # needs every future access: an offline bound for the simulator and studies
+                raise ConfigError(fname, "'belady' needs future knowledge; it exists in the simulator only. "
+                                         f"Known here: {', '.join(usable)}")
+            if pol not in usable:
+                raise ConfigError(fname, f"unknown eviction policy {pol!r}{_did_you_mean(pol, usable)}; "
+                                         f"known: {', '.join(usable)}")
+        from kvstream.read_windows import READ_WINDOW_POLICIES
+
+        if self.read_windows not in READ_WINDOW_POLICIES:
+            raise ConfigError("read_windows", f"unknown policy {self.read_windows!r}{_did_you_mean(self.read_windows, list(READ_WINDOW_POLICIES))}; "
+                                              f"known: {', '.join(READ_WINDOW_POLICIES)}")
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -56,6 +56,7 @@ from sortedcontainers import SortedDict
 __all__ = [
     "AccessMeta",
     "EvictionPolicy",
+    "eviction_options",
     "LRUPolicy",
     "FIFOPolicy",
     "LFUPolicy",
@@ -1067,6 +1068,11 @@ _SIMPLE: dict[str, type[EvictionPolicy]] = {
 
 def eviction_policy_names() -> list[str]:
     return sorted([*_SIMPLE, "belady", "hit-potential"])
+
+
+def eviction_options(name: str, capacity_bytes: int) -> dict[str, Any]:
+    """The options a store tier of ``capacity_bytes`` passes to :func:`make_eviction_policy` for ``name``."""
+    return {"capacity_bytes": capacity_bytes} if name == "hit-potential" else {}
 
 
 def make_eviction_policy(name: str, **options: Any) -> EvictionPolicy:

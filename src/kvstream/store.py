@@ -52,6 +52,7 @@ from kvstream.health import CircuitBreaker
 from kvstream.io.buffers import AlignedBuffer
 from kvstream.io.engine import IOEngine, IOOp, OpKind, make_engine
 from kvstream.replication import CopyOrder, ReadObservation, WriteIntent, parse_replication
+from kvstream.read_windows import make_read_windows
 from kvstream.routing import ReadSchedule, parse_router
 from kvstream.tiers.files import DirectoryTier
 from kvstream.tiers.memory import HostMemoryTier, MemEntry
@@ -155,6 +156,10 @@ class Store:
         self.replication = parse_replication(config.replication)
         self.memory = HostMemoryTier(config.memory_bytes, config.memory_eviction)
         self.health = [CircuitBreaker() for _ in self.tiers]
+        # Smallest window a tier may shrink to: one chunk of the configured size (the read loop always keeps
+        # one read in flight regardless).
+        self.read_windows = make_read_windows(config.read_windows, [t.cfg.read_inflight_bytes for t in self.tiers],
+                                              min_bytes=config.chunk_bytes or 0)
         self._lock = threading.RLock()
         self._pending: list[_PendingWrite] = []
         self._writes_inflight = 0
@@ -471,7 +476,7 @@ class Store:
         busy_since: list[float | None] = [None] * n_t
         busy = [0.0] * n_t
         tier_bytes = [0] * n_t
-        budget = [t.cfg.read_inflight_bytes for t in self.tiers]
+        budget = self.read_windows.windows()
         hedge_after = self.config.hedge_after_s
         self._c["read_steps"] += 1
 
@@ -640,6 +645,8 @@ class Store:
 
     def _after_read(self, keys: list[bytes], holders: list[list[int]], tier_bytes: list[int],
                     busy: list[float]) -> None:
+        for t in range(len(self.tiers)):
+            self.read_windows.observe(t, tier_bytes[t], busy[t])
         orders: list[CopyOrder] = self.replication.on_read(ReadObservation(
             now=time.monotonic(), keys=keys, holders=holders, tier_bytes=tier_bytes, tier_busy_s=busy))
         if not orders:
@@ -701,6 +708,8 @@ class Store:
                 "path": str(t.root), "direct_io": t.direct, "chunks": len(t.index), "used_bytes": t.used_bytes,
                 "capacity_bytes": t.cfg.capacity_bytes, "read_bytes": c.read_bytes, "read_chunks": c.read_chunks,
                 "read_busy_s": c.read_busy_s,
+                "read_window_bytes": self.read_windows.window(t.position),
+                "read_gbps_estimate": (bw / 1e9 if (bw := getattr(self.read_windows, "bandwidth", [None] * (t.position + 1))[t.position]) else None),
                 "read_gbps": c.read_bytes / c.read_busy_s / 1e9 if c.read_busy_s else 0.0,
                 "duplicate_chunks": c.duplicate_chunks, "read_errors": c.read_errors,
                 "corrupt_chunks": c.corrupt_chunks, "missing_files": c.missing_files,

@@ -90,6 +90,7 @@ class ReadBenchConfig:
     repeat: int = 5
     io_engine: str = "auto"
     inflight_bytes: int = 32 << 20  # per tier
+    read_windows: str = "balanced"  # kvstream.read_windows policy
     depth: int = 16  # raw reader ops in flight (and ring depth)
     write_load: bool = False
     bandwidth_schedule: BandwidthSchedule | None = None
@@ -106,6 +107,7 @@ def _store_config(cfg: ReadBenchConfig) -> dict[str, Any]:
                    "read_inflight_bytes": cfg.inflight_bytes, "read_depth": cfg.depth} for n, p in cfg.tiers],
         "memory_bytes": total + (64 << 20), "router": cfg.router, "replication": "full",
         "io_engine": cfg.io_engine, "create_dirs": True, "verify_reads": cfg.verify,
+        "read_windows": cfg.read_windows, "chunk_bytes": cfg.chunk_bytes,
     }
 
 
@@ -236,7 +238,7 @@ def run_read_bench(cfg: ReadBenchConfig, progress: Any = None) -> dict[str, Any]
     med = sorted(runs, key=lambda r: r["over_bound"])[len(runs) // 2]
     seconds = statistics.median(r["seconds"] for r in runs)
     return {
-        "router": cfg.router, "io_engine": engine_name, "direct_io": direct, "chunks": cfg.chunks,
+        "router": cfg.router, "read_windows": cfg.read_windows, "io_engine": engine_name, "direct_io": direct, "chunks": cfg.chunks,
         "chunk_bytes": cfg.chunk_bytes, "bytes": total, "filled_chunks": filled, "repeat": cfg.repeat,
         "seconds": seconds, "gbps": total / seconds / 1e9,
         "bound_seconds": statistics.median(r["bound_seconds"] for r in runs),

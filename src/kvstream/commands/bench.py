@@ -27,6 +27,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--engine", choices=["auto", "uring", "threads"], default="auto")
     p.add_argument("--inflight", type=size_arg, default=32 << 20, help="read bytes in flight per tier (default 32M)")
     p.add_argument("--depth", type=int, default=16, help="ring depth per tier (default 16)")
+    p.add_argument("--read-windows", choices=["balanced", "fixed"], default="balanced",
+                   help="per-tier read windows sized by measured speed (balanced, default) or all --inflight")
     p.add_argument("--write-load", action="store_true", help="a concurrent write stream on the first tier")
     p.add_argument("--bandwidth-schedule", metavar="T=BPS,...",
                    help="throttle changes during each measurement, e.g. 0=400MB,0.3=150MB,0.6=400MB "
@@ -80,6 +82,7 @@ def _read(args: argparse.Namespace) -> int:
               "tier; use bench/testbed for an independent second channel.", file=sys.stderr)
     cfg = ReadBenchConfig(tiers=tiers, chunks=args.chunks, chunk_bytes=args.chunk_bytes, router=args.router,
                           repeat=args.repeat, io_engine=args.engine, inflight_bytes=args.inflight, depth=args.depth,
+                          read_windows=args.read_windows,
                           write_load=args.write_load, bandwidth_schedule=sched,
                           scheduled_tier=args.throttled_tier or tiers[-1][0], verify=not args.no_verify)
     result = _run_with_progress(cfg, run_read_bench, quiet=args.json)

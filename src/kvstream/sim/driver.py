@@ -22,6 +22,7 @@ import numpy as np
 
 from kvstream.eviction import make_eviction_policy
 from kvstream.replication import parse_replication
+from kvstream.read_windows import make_read_windows
 from kvstream.routing import parse_router
 from kvstream.serving.core import (
     Action,
@@ -92,6 +93,9 @@ class SystemConfig:
     host_memory_bytes: float = 512e9
     host_eviction: str = "lru"
     verify_s: float = 0.0  # CPU seconds per chunk read (checksum check, hand-off); 0 = free
+    # "fixed": each tier keeps read_window chunks in flight (the paper's setting, and what the published
+    # figures in docs/bench/sim.md used); "balanced": the store's default, kvstream.read_windows.
+    read_windows: str = "fixed"
 
     def replace(self, **kw: Any) -> "SystemConfig":
         return dataclasses.replace(self, **kw)
@@ -251,6 +255,9 @@ def simulate(
             else system.replication(), host_eviction=_eviction(system),
             host_capacity_chunks=int(system.host_memory_bytes // chunk_bytes), chunk_bytes=chunk_bytes,
             verify_s=system.verify_s,
+            read_windows=(make_read_windows(system.read_windows, [t.read_window * chunk_bytes for t in system.tiers],
+                                            min_bytes=chunk_bytes)
+                          if system.read_windows != "fixed" else None),
         )
         if prewarm is not None:
             for prefix in prewarm[i]:

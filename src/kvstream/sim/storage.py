@@ -28,6 +28,7 @@ from typing import Any
 
 from kvstream.eviction import AccessMeta, EvictionPolicy
 from kvstream.replication import CopyOrder, ReadObservation, ReplicationPolicy, WriteIntent
+from kvstream.read_windows import ReadWindows
 from kvstream.routing import ReadRouter
 from kvstream.serving.core import LoadDone, WriteChunks
 from kvstream.sim.devices import READ, WRITE, Device
@@ -102,6 +103,7 @@ class SimStorage:
         host_capacity_chunks: int,
         chunk_bytes: int,
         verify_s: float = 0.0,
+        read_windows: ReadWindows | None = None,
     ) -> None:
         if not tiers:
             raise ValueError("a simulated store needs at least one disk tier")
@@ -115,6 +117,8 @@ class SimStorage:
         # CPU seconds the read path spends on each landed chunk (header and checksum check, hand-off) on one
         # thread, before the chunk counts as landed and its tier claims the next: a FIFO "CPU" per node.
         self.verify_s = float(verify_s)
+        # The store's window policy (kvstream.read_windows), in bytes; None = each tier's fixed read_window chunks.
+        self.read_windows = read_windows
         self._cpu_free = 0.0
         self._host: dict[Hashable, int] = {}  # resident chunk -> pins
         self._meta: dict[Hashable, AccessMeta] = {}
@@ -227,7 +231,10 @@ class SimStorage:
 
     def _pump(self, ld: _Load, t: int) -> None:
         tier = self.tiers[t]
-        while ld.inflight[t] < tier.read_window:
+        limit = tier.read_window
+        if self.read_windows is not None:
+            limit = max(self.read_windows.window(t) // self.chunk_bytes, 1)
+        while ld.inflight[t] < limit:
             claim = ld.sched.next_claim(t)
             if not claim:
                 return
@@ -306,6 +313,9 @@ class SimStorage:
             # give reads over this very interval (its write load and other tenants included).
             bound = useful * dur / pot if pot > 0 else dur
             self.read_log.append((ld.start, dur, bound, useful, tuple(ld.tier_bytes)))
+            if self.read_windows is not None:
+                for t in range(len(self.tiers)):
+                    self.read_windows.observe(t, ld.tier_bytes[t], ld.busy_s[t])
             orders = self.replication.on_read(ReadObservation(
                 now=self.loop.now,
                 keys=[chunk_key(c) for c in ld.disk],

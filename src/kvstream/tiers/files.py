@@ -31,7 +31,7 @@ from pathlib import Path
 
 from kvstream.config import TierConfig
 from kvstream.errors import ConfigError, TierError
-from kvstream.eviction import EvictionPolicy, make_eviction_policy
+from kvstream.eviction import EvictionPolicy, eviction_options, make_eviction_policy
 from kvstream.io.buffers import ALIGN, AlignedBuffer
 from kvstream.io.engine import IOEngine, Ring
 from kvstream.tiers.index import OP_DEL, OP_PUT, TierIndex, pid_alive
@@ -109,7 +109,7 @@ class DirectoryTier:
         self.removed_temporaries = self._clean_tmp()
         self.index = TierIndex(self.root / "index", node_id=node_id)
         try:
-            self.policy: EvictionPolicy = make_eviction_policy(cfg.eviction)
+            self.policy: EvictionPolicy = make_eviction_policy(cfg.eviction, **eviction_options(cfg.eviction, cfg.capacity_bytes))
         except KeyError as exc:
             raise ConfigError(f"{field_prefix}.eviction", str(exc).strip('"')) from None
         for key, size in self.index.items():

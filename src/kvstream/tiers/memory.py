@@ -16,7 +16,7 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass
 
-from kvstream.eviction import AccessMeta, EvictionPolicy, make_eviction_policy
+from kvstream.eviction import AccessMeta, EvictionPolicy, eviction_options, make_eviction_policy
 from kvstream.format import HEADER_BYTES, ChunkHeader
 from kvstream.io.buffers import AlignedBuffer, BufferPool
 
@@ -45,7 +45,7 @@ class HostMemoryTier:
     def __init__(self, capacity_bytes: int, eviction: str = "lru") -> None:
         self.capacity_bytes = capacity_bytes
         self.pool = BufferPool(capacity_bytes)
-        self.policy: EvictionPolicy = make_eviction_policy(eviction)
+        self.policy: EvictionPolicy = make_eviction_policy(eviction, **eviction_options(eviction, capacity_bytes))
         self._entries: dict[bytes, MemEntry] = {}
         self._lock = threading.RLock()
         self.hits = 0
