@@ -205,6 +205,9 @@ def test_a_throttled_device_is_hedged_and_taken_out_of_routing(disk_tmp):
                     t0 = time.monotonic()
                     check_all(s, keys, size)
                     steps.append(time.monotonic() - t0)
+                    # the forward pass between steps: reads the slow tier still holds are older than
+                    # hedge_after_s when the next step starts, which counts as the tier failing again
+                    time.sleep(0.05)
                 st = s.stats()
             assert max(steps) < bound / 3, (steps, bound)
             assert st["hedged_reads"] >= 3 and st["tiers"]["local"]["circuit"] == "open"

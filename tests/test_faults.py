@@ -305,12 +305,15 @@ def test_a_stalled_tier_is_hedged_taken_out_and_probed_back_in(disk_tmp):
     try:
         s.health[0].cooldown_s = 0.3
         steps = []
-        for _ in range(3):  # each stalled step is one failure of the tier; the third opens its breaker
+        # Each stalled step is one failure of the tier (hedged in the step, or its reads still stuck when the next
+        # step starts); the third opens its breaker.
+        for _ in range(3):
             s.evict_memory()
             t0 = time.monotonic()
             out = s.get_many(keys)
             steps.append(time.monotonic() - t0)
             assert all(o is not None for o in out) and wrong_bytes(keys, out) == 0  # the step completes
+            time.sleep(0.06)  # the forward pass between two steps
         st = s.stats()
         assert max(steps) < 2.0 and st["hedged_reads"] >= 3
         assert st["tiers"]["local"]["circuit"] == "open" and st["tiers"]["local"]["read_chunks"] == 0
@@ -340,10 +343,12 @@ def test_breaker_reopens_with_a_longer_cooldown_when_the_probe_fails(disk_tmp):
         br = s.health[0]
         br.cooldown_s = 0.1
         s.get_many(keys)
+        assert s.tiers[0].read_ring.drain(5)  # reads the shared tier won count when they fail, after the step
         assert br.state == "open" and br.opened == 1
         time.sleep(0.12)
         s.evict_memory()
         out = s.get_many(keys)  # the probe fails again
+        assert s.tiers[0].read_ring.drain(5)
         assert br.state == "open" and br.opened == 2 and br._current_cooldown == pytest.approx(0.2)
         assert all(o is not None for o in out)
 

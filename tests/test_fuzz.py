@@ -272,12 +272,10 @@ def test_bidaw_reader_on_generated_lines():
         shutil.rmtree(prop.folder, ignore_errors=True)  # type: ignore[attr-defined]
 
 
-# Known defects in the trace readers (found by fuzz/; not this suite's modules to change). Strict xfails: when
-# a reader is fixed these start passing, fail as XPASS, and the marker must go.
-_KNOWN = pytest.mark.xfail(strict=True, reason="reader lets a non-InputFormatError escape (see RELIABILITY.md, fuzzing)")
+# Defects A-C of RELIABILITY.md (fuzzing), found by fuzz/ and fixed in the readers: each input used to let a
+# non-InputFormatError escape (UnicodeDecodeError, OverflowError, RecursionError).
 
 
-@_KNOWN
 @pytest.mark.parametrize("reader", ["mooncake", "bidaw"])
 def test_trace_readers_report_invalid_utf8_as_a_bad_line(tmp_path, reader):
     from kvstream.workload.bidaw import read_bidaw_trace
@@ -290,30 +288,57 @@ def test_trace_readers_report_invalid_utf8_as_a_bad_line(tmp_path, reader):
     else:
         p.write_bytes(b"user_id time_stamp query response round\n1 2 3 4 0\n\xff 1 1 1 1\n")
         fn = read_bidaw_trace
-    with pytest.raises(InputFormatError) as err:
+    with pytest.raises(InputFormatError, match="not valid UTF-8: byte 0xff at column 1") as err:
         fn(p)
-    assert err.value.line in (2, 3)
+    assert err.value.path == str(p) and err.value.line == (2 if reader == "mooncake" else 3)
 
 
-@_KNOWN
 def test_bidaw_reader_reports_a_value_beyond_64_bits_as_a_bad_line(tmp_path):
     from kvstream.workload.bidaw import read_bidaw_trace
 
     p = tmp_path / "t.txt"
     p.write_text("user_id time_stamp(seconds) query_length response_length round_index\n1 0 10 " + "7" * 40 + " 0\n")
-    with pytest.raises(InputFormatError) as err:
+    with pytest.raises(InputFormatError, match="beyond 64 bits") as err:
         read_bidaw_trace(p)
     assert err.value.line == 2
 
 
-@_KNOWN
+def test_bidaw_reader_reports_a_user_history_beyond_64_bits_as_a_bad_line(tmp_path):
+    """Each value fits int64 but a user's running total does not: the int64 history sum would wrap silently."""
+    from kvstream.workload.bidaw import read_bidaw_trace
+
+    big = 2**62
+    p = tmp_path / "t.txt"
+    p.write_text("user_id time_stamp(seconds) query_length response_length round_index\n"
+                 f"1 0 {big} 0 0\n2 0 1 1 0\n1 1 {big} 0 1\n")
+    with pytest.raises(InputFormatError, match="user 1: .* beyond 64 bits") as err:
+        read_bidaw_trace(p)
+    assert err.value.line == 4
+
+
+@pytest.mark.parametrize("number,match", [("1" + "0" * 400, "beyond 64 bits"), (str(2**63), "beyond 64 bits"),
+                                          ("1e300", "beyond 64 bits"), ("9" * 5000, "not valid JSON")])
+def test_mooncake_reader_reports_numbers_beyond_64_bits_as_a_bad_line(tmp_path, number, match):
+    """A huge timestamp used to raise OverflowError (ms to float seconds); 5000 digits, json's own ValueError
+    (past Python's int conversion limit)."""
+    from kvstream.workload.mooncake import read_mooncake
+
+    p = tmp_path / "t.jsonl"
+    p.write_text('{"timestamp": 1, "input_length": 0, "output_length": 1, "hash_ids": []}\n'
+                 f'{{"timestamp": {number}, "input_length": 0, "output_length": 1, "hash_ids": []}}\n')
+    with pytest.raises(InputFormatError, match=match) as err:
+        read_mooncake(p)
+    assert err.value.line == 2
+
+
 def test_mooncake_reader_reports_deeply_nested_json_as_a_bad_line(tmp_path):
     from kvstream.workload.mooncake import read_mooncake
 
     p = tmp_path / "t.jsonl"
     p.write_bytes(b"[" * 100_000 + b"\n")
-    with pytest.raises(InputFormatError):
+    with pytest.raises(InputFormatError, match="nested too deeply") as err:
         read_mooncake(p)
+    assert err.value.line == 1
 
 
 # ── kvstream verify on arbitrary chunk files ───────────────────────────────────────────────────────────────

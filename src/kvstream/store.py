@@ -161,6 +161,11 @@ class Store:
         self.read_windows = make_read_windows(config.read_windows, [t.cfg.read_inflight_bytes for t in self.tiers],
                                               min_bytes=config.chunk_bytes or 0)
         self._lock = threading.RLock()
+        # Reads still in flight when their step ended (the other replica won, or the tier is stalled), per tier:
+        # id(tag) -> [started, counted]. A tier whose leftovers stay out past hedge_after_s is failing even if
+        # no step ever waited on it (windows and stealing hide a stall from the step itself).
+        self._stragglers: list[dict[int, list[Any]]] = [{} for _ in self.tiers]
+        self._straggler_lock = threading.Lock()
         self._pending: list[_PendingWrite] = []
         self._writes_inflight = 0
         self._writes_cv = threading.Condition(threading.Lock())
@@ -170,7 +175,7 @@ class Store:
             "puts": 0, "put_bytes": 0, "put_file_bytes": 0, "puts_duplicate": 0, "puts_dropped_no_memory": 0,
             "get_chunks": 0, "memory_hits": 0, "disk_hits": 0, "misses": 0, "lost_chunks": 0,
             "read_steps": 0, "read_seconds": 0.0, "verify_seconds": 0.0, "hedged_reads": 0,
-            "copies_ordered": 0, "flushes": 0,
+            "copies_ordered": 0, "flushes": 0, "stalled_reads": 0,
         }
 
     # -- lifecycle ------------------------------------------------------------------------------------------
@@ -479,6 +484,8 @@ class Store:
         budget = self.read_windows.windows()
         hedge_after = self.config.hedge_after_s
         self._c["read_steps"] += 1
+        if hedge_after:
+            self._count_stragglers(hedge_after)
 
         def fill(t: int) -> None:
             # Keep tier t's ring fed up to its byte budget; at least one read in flight if it has work.
@@ -564,6 +571,12 @@ class Store:
                     self.tiers[t].counters.duplicate_chunks += 1
                     self._release_tag(tag)
         finally:
+            # Register leftovers before finish(): any that completed meanwhile are drained by finish() through
+            # _discard_read, which unregisters them.
+            with self._straggler_lock:
+                for t, ops in enumerate(inflight_ops):
+                    for tag in ops.values():
+                        self._stragglers[t][id(tag)] = [tag.started, False]
             step.finish()
             end = time.monotonic()
             for t in range(n_t):
@@ -639,9 +652,31 @@ class Store:
         except OSError:
             pass
         tag: _ReadTag = op.tag
+        with self._straggler_lock:
+            self._stragglers[tag.tier].pop(id(tag), None)
         if op.result > 0:
             self.tiers[tag.tier].counters.duplicate_chunks += 1
+        elif op.result < 0 and -op.result != _ENOENT:
+            # Nobody waited for this read (the other replica won), but the tier still failed it: the breaker
+            # must hear of it, or a tier that only ever loses races would never be taken out.
+            self.tiers[tag.tier].counters.read_errors += 1
+            self.health[tag.tier].on_failure(time.monotonic())
         self._release_tag(tag)
+
+    def _count_stragglers(self, hedge_after: float) -> None:
+        """Leftover reads older than ``hedge_after`` are one failure of their tier per step, however many there are
+        (a stall is one event; counting each stuck read would open the breaker on a single bad moment)."""
+        now = time.monotonic()
+        with self._straggler_lock:
+            late = []
+            for t, reads in enumerate(self._stragglers):
+                for rec in reads.values():
+                    if not rec[1] and now - rec[0] > hedge_after:
+                        rec[1] = True
+                        late.append(t)
+        self._c["stalled_reads"] += len(late)
+        for t in set(late):
+            self.health[t].on_failure(now)
 
     def _after_read(self, keys: list[bytes], holders: list[list[int]], tier_bytes: list[int],
                     busy: list[float]) -> None:

@@ -162,7 +162,7 @@ def advise_hugepages(buf: AlignedBuffer) -> bool:
 
 
 def _new_buffer(size: int, hugepages: bool) -> AlignedBuffer:
-    buf = AlignedBuffer(size)
+    buf = AlignedBuffer(size, hugepages=hugepages)
     if hugepages:
         advise_hugepages(buf)
     # Touch every page now, so first-use page faults are not timed as I/O.

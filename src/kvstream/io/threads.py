@@ -7,6 +7,7 @@ read ring and write ring never wait on each other.
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 import time
@@ -29,8 +30,19 @@ from kvstream.io.engine import (
 
 __all__ = ["ThreadPoolEngine", "ThreadPoolRing"]
 
+log = logging.getLogger(__name__)
+
 
 class ThreadPoolRing(Ring):
+    """A :class:`~kvstream.io.engine.Ring` served by ``depth`` worker threads of its own.
+
+    Invariants (under ``_lock``):
+    - ``_pending`` = len(backlog) + len(ready) + ops taken by a worker whose callback has not returned yet;
+    - a worker exits only when the ring is closed and ``_pending == 0``, so every submitted op is called back;
+    - a callback's exception is logged and dropped: it never ends a worker, or the ring would lose capacity
+      (with ``depth == 1``, all of it) and ops still queued would never complete.
+    """
+
     engine_name = "threads"
 
     def __init__(self, label: str, *, depth: int = DEFAULT_DEPTH, max_bytes: int = DEFAULT_MAX_BYTES) -> None:
@@ -46,6 +58,7 @@ class ThreadPoolRing(Ring):
         self._workers = [
             threading.Thread(target=self._worker, name=f"kvs-{label}-{i}", daemon=True) for i in range(depth)
         ]
+        self._worker_set = frozenset(self._workers)  # for close(): is the caller one of ours?
         for t in self._workers:
             t.start()
 
@@ -95,6 +108,8 @@ class ThreadPoolRing(Ring):
             op.completed_at = time.monotonic()
             try:
                 op.callback(op)
+            except Exception:
+                log.exception("ring '%s': callback for %s op at offset %d raised", self.label, op.kind.value, op.offset)
             finally:
                 with self._lock:
                     self._limits.finish(op)
@@ -106,14 +121,20 @@ class ThreadPoolRing(Ring):
                             self._work.notify_all()
 
     def close(self) -> None:
+        """Refuse new ops, wait for every submitted op's callback, then let the workers end. Idempotent.
+
+        Called from one of this ring's own callbacks, it returns at once without waiting: the other workers
+        wait for ``_pending == 0``, which needs the calling callback to return first. The workers then finish
+        the remaining ops and exit by themselves. Called again from any other thread (a second close, too),
+        it waits for them, so a close that returns from outside the ring always means "all done".
+        """
         with self._lock:
-            if self._closed:
-                return
             self._closed = True
             self._work.notify_all()
+        if threading.current_thread() in self._worker_set:
+            return
         for t in self._workers:
-            if t is not threading.current_thread():
-                t.join()
+            t.join()
 
 
 class ThreadPoolEngine(IOEngine):

@@ -5,11 +5,14 @@ request a line, whitespace separated, five non-negative integers. Lengths are to
 numbered 0, 1, 2, ... in time order; round ``r`` reuses the KV of everything the user said and was answered
 in rounds ``0 .. r-1`` (the trace has no prefix hashes: reuse is implied by the user id).
 
-What the reader checks, and reports as :class:`~kvstream.errors.InputFormatError` naming the file and line:
+What the reader checks, and reports as :class:`~kvstream.errors.InputFormatError` naming the file and line
+(no other exception escapes for bad content):
+- every line is UTF-8;
 - the header is present (its wording is compared loosely: five fields, the first starting with ``user``);
-- every line has five integer fields, none negative;
+- every line has five integer fields, none negative and none beyond 64 bits (``< 2**63``: the columns are int64);
 - a user's rounds are consecutive (``round_index`` of a user's line is one more than its previous line's,
-  and the first line of a user is round 0) and its time stamps never go back.
+  and the first line of a user is round 0) and its time stamps never go back;
+- a user's query and response tokens, summed over its rounds so far, stay below ``2**63`` (its history column).
 Lines need not be sorted by time across users (the published parts are); :func:`read_bidaw_parts` merges
 several parts in time order. Blank lines are skipped.
 
@@ -23,6 +26,7 @@ Two outputs:
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -55,7 +59,25 @@ class BidawRecord:
     line: int = 0  # line number in its file (1 = header), for messages
 
 
+_INT_MAX = 2**63 - 1  # every value must fit the int64 columns of BidawTrace (numpy raises OverflowError past it)
+# Files are read with errors="surrogateescape", which maps each byte that is not UTF-8 to U+DC80..U+DCFF;
+# strict UTF-8 never decodes to those code points, so finding one means the line held such a byte.
+_UNDECODABLE = re.compile("[\udc80-\udcff]")
+
+
+def _check_utf8(path: str, line_no: int, text: str) -> None:
+    """Raise :class:`InputFormatError` if ``text`` (decoded with ``errors="surrogateescape"``) held bytes that
+    are not UTF-8."""
+    if text.isascii():  # the common case, checked in C without a regex scan
+        return
+    m = _UNDECODABLE.search(text)
+    if m is not None:
+        byte = ord(m.group()) - 0xDC00
+        raise InputFormatError(path, line_no, f"not valid UTF-8: byte 0x{byte:02x} at column {m.start() + 1}")
+
+
 def _parse_line(path: str, line_no: int, text: str) -> tuple[int, int, int, int, int]:
+    _check_utf8(path, line_no, text)
     fields = text.split()
     if len(fields) != 5:
         raise InputFormatError(path, line_no, f"expected 5 fields (user time query response round), got {len(fields)}")
@@ -65,10 +87,13 @@ def _parse_line(path: str, line_no: int, text: str) -> tuple[int, int, int, int,
         raise InputFormatError(path, line_no, f"fields must be integers, got {text.strip()!r}") from None
     if ts < 0 or q < 0 or r < 0 or rnd < 0:
         raise InputFormatError(path, line_no, f"negative value in {text.strip()!r}")
+    if max(user, ts, q, r, rnd) > _INT_MAX or user < -_INT_MAX - 1:
+        raise InputFormatError(path, line_no, f"value beyond 64 bits (must be < 2**63) in {text.strip()!r}")
     return user, ts, q, r, rnd
 
 
 def _check_header(path: str, text: str) -> None:
+    _check_utf8(path, 1, text)
     fields = text.split()
     if len(fields) != 5 or not fields[0].lower().startswith("user"):
         raise InputFormatError(
@@ -82,9 +107,11 @@ def iter_bidaw_records(path: str | os.PathLike[str], *, limit: int | None = None
     ``limit`` stops after that many records (for tests and quick looks at a part).
     """
     spath = str(path)
-    last: dict[int, tuple[int, int]] = {}  # user -> (last round, last time)
+    last: dict[int, tuple[int, int, int]] = {}  # user -> (last round, last time, tokens so far)
     n = 0
-    with open(spath, encoding="utf-8") as fh:
+    # surrogateescape: a byte that is not UTF-8 must become an error naming its line (_check_utf8), not a
+    # UnicodeDecodeError from inside the file iterator that names neither the file nor the line.
+    with open(spath, encoding="utf-8", errors="surrogateescape") as fh:
         header = fh.readline()
         if not header:
             raise InputFormatError(spath, 1, "empty file (no header)")
@@ -95,23 +122,32 @@ def iter_bidaw_records(path: str | os.PathLike[str], *, limit: int | None = None
             if limit is not None and n >= limit:
                 return
             user, ts, q, r, rnd = _parse_line(spath, line_no, text)
-            _check_order(spath, line_no, last, user, ts, rnd)
+            _check_order(spath, line_no, last, user, ts, rnd, q + r)
             n += 1
             yield BidawRecord(user_id=user, time=float(ts), query_tokens=q, response_tokens=r, round_index=rnd, line=line_no)
 
 
-def _check_order(path: str, line_no: int, last: dict[int, tuple[int, int]], user: int, ts: int, rnd: int) -> None:
+def _check_order(
+    path: str, line_no: int, last: dict[int, tuple[int, int, int]], user: int, ts: int, rnd: int, tokens: int
+) -> None:
+    """Check a line against its user's previous one; ``last`` maps user -> (round, time, query + response
+    tokens over its rounds so far) and is updated. The token total is bounded because ``_derive`` sums it in
+    int64, where an overflow would wrap silently into a wrong history instead of raising."""
     prev = last.get(user)
+    total = tokens
     if prev is None:
         if rnd != 0:
             raise InputFormatError(path, line_no, f"user {user} starts at round {rnd}, expected round 0")
     else:
-        prev_round, prev_time = prev
+        prev_round, prev_time, prev_total = prev
         if rnd != prev_round + 1:
             raise InputFormatError(path, line_no, f"user {user}: round {rnd} follows round {prev_round}")
         if ts < prev_time:
             raise InputFormatError(path, line_no, f"user {user}: time {ts} is before its previous round's {prev_time}")
-    last[user] = (rnd, ts)
+        total += prev_total
+    if total > _INT_MAX:
+        raise InputFormatError(path, line_no, f"user {user}: {total} tokens over its rounds so far, beyond 64 bits")
+    last[user] = (rnd, ts, total)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -203,9 +239,9 @@ def read_bidaw_parts(paths: Sequence[str | os.PathLike[str]], *, limit: int | No
         raise ValueError("no trace files given")
     for idx, spath in enumerate(sources):
         users, times, queries, responses, rounds, parts = cols
-        last: dict[int, tuple[int, int]] = {}
+        last: dict[int, tuple[int, int, int]] = {}
         n = 0
-        with open(spath, encoding="utf-8") as fh:
+        with open(spath, encoding="utf-8", errors="surrogateescape") as fh:  # see iter_bidaw_records
             header = fh.readline()
             if not header:
                 raise InputFormatError(spath, 1, "empty file (no header)")
@@ -216,7 +252,7 @@ def read_bidaw_parts(paths: Sequence[str | os.PathLike[str]], *, limit: int | No
                 if limit is not None and n >= limit:
                     break
                 user, ts, q, r, rnd = _parse_line(spath, line_no, text)
-                _check_order(spath, line_no, last, user, ts, rnd)
+                _check_order(spath, line_no, last, user, ts, rnd, q + r)
                 if rnd == 0:
                     prev_owner = owner.setdefault(user, idx)
                     if prev_owner != idx:

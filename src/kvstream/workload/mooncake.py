@@ -13,8 +13,10 @@ A trailing partial block of ``r`` tokens yields ``r // 256`` chunks (0 or 1): a 
 where that block is whole (same block id = same tokens). Tokens of a trailing partial *chunk* have no id
 (``Request`` rule: they are always recomputed).
 
-Malformed input raises :class:`kvstream.errors.InputFormatError` naming the file and the 1-based line.
-Blank lines are skipped. Timestamps must not go backwards (the released traces are sorted).
+Malformed input raises :class:`kvstream.errors.InputFormatError` naming the file and the 1-based line, and
+nothing else does: bytes that are not UTF-8, JSON nested past the decoder's recursion limit, numbers too long
+to convert, and integer fields at or above 2**63 are bad lines like any other. Blank lines are skipped.
+Timestamps must not go backwards (the released traces are sorted).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -33,6 +36,10 @@ __all__ = ["BLOCK_TOKENS", "ChunkInterner", "iter_mooncake", "read_mooncake"]
 BLOCK_TOKENS = 512  # tokens per Mooncake hash block
 _HALVES = BLOCK_TOKENS // CHUNK_TOKENS  # chunks per block (2)
 _FIELDS = ("timestamp", "input_length", "output_length", "hash_ids")
+_INT_MAX = 2**63 - 1  # integer fields must fit int64: beyond it ``timestamp / 1000.0`` can overflow a float
+# The file is read with errors="surrogateescape", which maps each byte that is not UTF-8 to U+DC80..U+DCFF;
+# strict UTF-8 never decodes to those code points, so finding one means the line held such a byte.
+_UNDECODABLE = re.compile("[\udc80-\udcff]")
 
 
 class ChunkInterner:
@@ -65,12 +72,26 @@ class ChunkInterner:
 
 
 def _int_field(obj: dict, name: str, path: str, line: int) -> int:
+    """``obj[name]`` as an int in ``0 .. 2**63 - 1``; anything else is a bad line."""
     v = obj.get(name)
     if isinstance(v, bool) or not isinstance(v, (int, float)) or (isinstance(v, float) and not v.is_integer()):
         raise InputFormatError(path, line, f"field {name!r} must be an integer, got {v!r}")
     if v < 0:
         raise InputFormatError(path, line, f"field {name!r} must not be negative, got {v!r}")
+    if v > _INT_MAX:
+        raise InputFormatError(path, line, f"field {name!r} is beyond 64 bits (must be < 2**63), got {v!r}")
     return int(v)
+
+
+def _check_utf8(path: str, line: int, text: str) -> None:
+    """Raise :class:`InputFormatError` if ``text`` (decoded with ``errors="surrogateescape"``) held bytes that
+    are not UTF-8; the column counts characters, as the JSON decoder's does."""
+    if text.isascii():  # the common case, checked in C without a regex scan
+        return
+    m = _UNDECODABLE.search(text)
+    if m is not None:
+        byte = ord(m.group()) - 0xDC00
+        raise InputFormatError(path, line, f"not valid UTF-8: byte 0x{byte:02x} at column {m.start() + 1}")
 
 
 def iter_mooncake(
@@ -91,17 +112,26 @@ def iter_mooncake(
     interner = interner if interner is not None else ChunkInterner()
     last_ts = -math.inf
     n = 0
-    with open(p, encoding="utf-8") as fh:
+    # surrogateescape: a byte that is not UTF-8 must become an error naming its line (_check_utf8), not a
+    # UnicodeDecodeError from inside the file iterator that names neither the file nor the line.
+    with open(p, encoding="utf-8", errors="surrogateescape") as fh:
         for lineno, raw in enumerate(fh, start=1):
             if limit is not None and n >= limit:
                 return
             text = raw.strip()
             if not text:
                 continue
+            _check_utf8(p, lineno, text)
             try:
                 obj = json.loads(text)
             except json.JSONDecodeError as exc:
                 raise InputFormatError(p, lineno, f"not valid JSON: {exc.msg} at column {exc.colno}") from None
+            except RecursionError:
+                # The decoder recurses once per nesting level; a trace line nests two deep, so this is garbage.
+                raise InputFormatError(p, lineno, "not valid JSON: nested too deeply") from None
+            except ValueError as exc:
+                # Not a decode error: a number longer than Python's int conversion limit (4300 digits).
+                raise InputFormatError(p, lineno, f"not valid JSON: {exc}") from None
             if not isinstance(obj, dict):
                 raise InputFormatError(p, lineno, f"expected a JSON object, got {type(obj).__name__}")
             missing = [f for f in _FIELDS if f not in obj]
@@ -113,7 +143,7 @@ def iter_mooncake(
             hids = obj["hash_ids"]
             if not isinstance(hids, list) or any(isinstance(h, bool) or not isinstance(h, int) for h in hids):
                 raise InputFormatError(p, lineno, "field 'hash_ids' must be a list of integers")
-            want = math.ceil(n_in / BLOCK_TOKENS)
+            want = -(-n_in // BLOCK_TOKENS)  # ceil in integers: float division rounds above 2**53
             if len(hids) != want:
                 raise InputFormatError(
                     p, lineno, f"{len(hids)} hash_ids for input_length {n_in} (expected ceil({n_in}/512) = {want})"
