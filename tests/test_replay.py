@@ -30,7 +30,11 @@ def test_replay_runs_systems_side_by_side(tmp_path, capsys):
     assert (tmp_path / "out" / "replay.png").exists()
     assert not (tmp_path / "out" / "tiers").exists()  # cleaned up
     kv = rep["results"][0]["summary"]
-    assert kv["storage_write_amplification"] == pytest.approx(2.0, rel=0.05)  # full replication: two copies
+    # full replication: two copies of each chunk, less the second copies the slow (emulated) shared tier's
+    # write backlog made the store skip
+    assert 1.0 < kv["storage_write_amplification"] <= 2.0 + 1e-9
+    if kv["storage_write_skipped_backlog_shared"] == 0:
+        assert kv["storage_write_amplification"] == pytest.approx(2.0, rel=0.05)
 
 
 def test_replay_refuses_one_tier_and_unknown_system(tmp_path):

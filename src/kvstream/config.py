@@ -97,6 +97,11 @@ class TierConfig:
     read_inflight_bytes: int = 32 << 20  # bytes of reads in flight at once; the router's claim window
     write_depth: int = 8
     write_inflight_bytes: int = 64 << 20
+    # Bytes of this tier's writes submitted and not yet finished beyond which a *second* copy of a chunk is
+    # skipped (counted as write_skipped_backlog) rather than queued: a slow shared tier must not fill host
+    # memory with chunks waiting for it and stall the serving loop's puts. The first copy is always written.
+    # None: half of the store's host memory.
+    write_backlog_bytes: int | None = None
     eviction: str = "lru"
     direct_io: str = "auto"  # "on" (fail if the FS refuses O_DIRECT), "off", or "auto" (on where possible)
     fsync: bool = False  # fsync each chunk before publishing it (checksums already stop torn data being used)
@@ -221,7 +226,8 @@ class StoreConfig:
         return dataclasses.asdict(self)
 
 
-_SIZE_FIELDS = {"capacity_bytes", "memory_bytes", "chunk_bytes", "read_inflight_bytes", "write_inflight_bytes"}
+_SIZE_FIELDS = {"capacity_bytes", "memory_bytes", "chunk_bytes", "read_inflight_bytes", "write_inflight_bytes",
+                "write_backlog_bytes"}
 
 
 def _coerce(cls: type, key: str, value: Any, field_name: str) -> Any:

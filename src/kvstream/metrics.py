@@ -35,6 +35,7 @@ _TIER_SERIES = {
     "write_errors": ("tier_write_errors", "Writes that failed", "counter"),
     "write_skipped_full": ("tier_write_skipped_full", "Copies skipped because the tier was full", "counter"),
     "write_skipped_unhealthy": ("tier_write_skipped_unhealthy", "Copies skipped because the tier's circuit was open", "counter"),
+    "write_skipped_backlog": ("tier_write_skipped_backlog", "Second copies skipped because the tier's write backlog was full", "counter"),
     "evicted_chunks": ("tier_evicted_chunks", "Chunks evicted to stay within capacity", "counter"),
     "chunks": ("tier_chunks", "Chunks the tier holds", "gauge"),
     "used_bytes": ("tier_used_bytes", "Bytes of chunk files on the tier", "gauge"),

@@ -168,6 +168,10 @@ class Store:
         self._straggler_lock = threading.Lock()
         self._pending: list[_PendingWrite] = []
         self._writes_inflight = 0
+        self._write_backlog = [0] * len(self.tiers)  # bytes submitted to each tier's write ring, not finished
+        self._backlog_limit = [t.cfg.write_backlog_bytes if t.cfg.write_backlog_bytes is not None
+                               else config.memory_bytes // 2 for t in self.tiers]
+        self.put_wait_s = 1.0  # longest a put waits for host memory held by unwritten chunks before dropping
         self._writes_cv = threading.Condition(threading.Lock())
         self._publisher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kvs-publish")
         self._closed = False
@@ -263,10 +267,20 @@ class Store:
         fsize = file_size(n)
         buf = self.memory.allocate(fsize)
         if buf is None:
-            # Host memory is all dirty: push what is buffered and give the writes a moment before dropping.
+            # Host memory is all dirty: push what is buffered and wait for the first buffer to come free (not
+            # for every write: a slow tier's queue would stall the serving loop), then give up and drop.
             self.flush()
-            self.drain(timeout=1.0)
-            buf = self.memory.allocate(fsize)
+            got: list[AlignedBuffer] = []
+
+            def freed() -> bool:
+                b = self.memory.allocate(fsize)
+                if b is not None:
+                    got.append(b)
+                return b is not None
+
+            with self._writes_cv:
+                self._writes_cv.wait_for(freed, timeout=self.put_wait_s)
+            buf = got[0] if got else None
             if buf is None:
                 self._c["puts_dropped_no_memory"] += 1
                 log.warning("put dropped: host memory (%d B) is full of unwritten chunks", self.config.memory_bytes)
@@ -311,15 +325,20 @@ class Store:
                 targets = self.replication.targets(
                     WriteIntent(key=entry.key, nbytes=entry.header.payload_len, position=entry.position),
                     len(self.tiers))
-            for t in sorted(targets):
+            copies = sum(1 for t in self.tiers if t.contains(entry.key))
+            for t in sorted(targets):  # tier order: the first (fastest) tier takes the copy that is never skipped
                 tier = self.tiers[t]
                 if tier.contains(entry.key):
                     continue
                 if not self._usable(t, now):
                     tier.counters.write_skipped_unhealthy += 1
                     continue
+                if copies and self._write_backlog[t] >= self._backlog_limit[t]:
+                    tier.counters.write_skipped_backlog += 1
+                    continue
                 if self._submit_write(tier, entry):
                     submitted += 1
+                    copies += 1
             self.memory.mark_clean(entry)  # the put's own dirty mark; per-write marks were added above
         return submitted
 
@@ -337,6 +356,7 @@ class Store:
         self.memory.mark_dirty(entry)
         with self._writes_cv:
             self._writes_inflight += 1
+            self._write_backlog[tier.position] += fsize
         op = IOOp(kind=OpKind.WRITE, fd=fd, buf=entry.buf, length=fsize, offset=0,
                   callback=self._on_write_done, tag=(tier, entry, tmp, attempt))
         try:
@@ -405,6 +425,7 @@ class Store:
             self.memory.mark_clean(entry)
             with self._writes_cv:
                 self._writes_inflight -= 1
+                self._write_backlog[tier.position] -= fsize
                 self._writes_cv.notify_all()
 
     def _write_failed(self, tier: DirectoryTier, err: int) -> None:
@@ -750,7 +771,8 @@ class Store:
                 "corrupt_chunks": c.corrupt_chunks, "missing_files": c.missing_files,
                 "write_bytes": c.write_bytes, "write_chunks": c.write_chunks, "write_errors": c.write_errors,
                 "write_skipped_full": c.write_skipped_full,
-                "write_skipped_unhealthy": c.write_skipped_unhealthy, "already_present": c.already_present,
+                "write_skipped_unhealthy": c.write_skipped_unhealthy,
+                "write_skipped_backlog": c.write_skipped_backlog, "write_backlog_bytes": self._write_backlog[t.position], "already_present": c.already_present,
                 "write_retried_nospace": c.write_retried_nospace,
                 "evicted_chunks": c.evicted_chunks, "evicted_bytes": c.evicted_bytes,
                 "read_latency_p50_s": lat[len(lat) // 2] if lat else None,

@@ -180,7 +180,8 @@ def _run_one(name: str, reqs: list[Any], tiers: list[tuple[str, Path]], args: ar
     wall = time.perf_counter() - t0
     core.metrics.storage = {"write_amplification": stats["write_amplification"],
                             **{f"read_bytes_{k}": v["read_bytes"] for k, v in stats["tiers"].items()},
-                            **{f"write_bytes_{k}": v["write_bytes"] for k, v in stats["tiers"].items()}}
+                            **{f"write_bytes_{k}": v["write_bytes"] for k, v in stats["tiers"].items()},
+                            **{f"write_skipped_backlog_{k}": v["write_skipped_backlog"] for k, v in stats["tiers"].items()}}
     s = summarize(core.metrics, slo_s=args.slo)
     return {
         "system": name, "wall_s": wall, "summary": s, "ttfts": sorted(r.ttft for r in core.metrics.requests

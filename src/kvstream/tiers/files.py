@@ -61,6 +61,7 @@ class TierCounters:
     write_errors: int = 0
     write_skipped_full: int = 0  # copies not written because the disk was full even after eviction
     write_skipped_unhealthy: int = 0  # copies not written because the tier's circuit breaker was open
+    write_skipped_backlog: int = 0  # second copies not written because the tier's write backlog was full
     write_retried_nospace: int = 0  # writes retried after ENOSPC/EDQUOT, once room was made by eviction
     already_present: int = 0  # publishes that found the key published first
     evicted_chunks: int = 0
