@@ -24,6 +24,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--chunk-bytes", type=size_arg, default=4 << 20, help="payload bytes per chunk (default 4M)")
     p.add_argument("--router", default="mitm", help="mitm | mitm:M | fixed:R | single:NAME (default mitm)")
     p.add_argument("--repeat", type=int, default=5, help="measurements; medians are reported (default 5)")
+    p.add_argument("--warmup", type=int, default=3,
+                   help="untimed store reads before measuring (buffer pool first use, read windows; default 3)")
     p.add_argument("--engine", choices=["auto", "uring", "threads"], default="auto")
     p.add_argument("--inflight", type=size_arg, default=32 << 20, help="read bytes in flight per tier (default 32M)")
     p.add_argument("--depth", type=int, default=16, help="ring depth per tier (default 16)")
@@ -82,7 +84,7 @@ def _read(args: argparse.Namespace) -> int:
               "tier; use bench/testbed for an independent second channel.", file=sys.stderr)
     cfg = ReadBenchConfig(tiers=tiers, chunks=args.chunks, chunk_bytes=args.chunk_bytes, router=args.router,
                           repeat=args.repeat, io_engine=args.engine, inflight_bytes=args.inflight, depth=args.depth,
-                          read_windows=args.read_windows,
+                          read_windows=args.read_windows, warmup=args.warmup,
                           write_load=args.write_load, bandwidth_schedule=sched,
                           scheduled_tier=args.throttled_tier or tiers[-1][0], verify=not args.no_verify)
     result = _run_with_progress(cfg, run_read_bench, quiet=args.json)

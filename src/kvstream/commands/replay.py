@@ -335,8 +335,10 @@ def _crosscheck(reqs: list[Any], results: list[dict[str, Any]], args: argparse.N
     tiers = [TierModel(name=name, read_bw=m["read_bw"], write_bw=m["write_bw"], read_window=4,
                        read_share=min(m["mixed_read_bw"] / m["read_bw"], 1.0), interference=0.0)
              for name, m in measured.items()]
+    # The store sizes its read windows by measured tier speed (read_windows: balanced): so does the model.
     sysc = SystemConfig(name="kvstream-only (sim)", tiers=tuple(tiers), router="mitm", replication="full",
-                        serving=ServingConfig(), host_memory_bytes=parse_size(args.memory, "--memory"))
+                        serving=ServingConfig(), host_memory_bytes=parse_size(args.memory, "--memory"),
+                        read_windows="balanced")
     hw = Hardware(gpu=args.gpu, model=args.model, tp=args.tp, hbm_kv_bytes=parse_size(args.gpu_kv, "--gpu-kv"))
     scaled = [dataclasses.replace(r, arrival=r.arrival / args.speed) for r in reqs]
     sim = simulate([scaled], sysc, hw, seed=args.seed)
