@@ -701,3 +701,25 @@ def test_uring_broken_ring_still_calls_back_every_op_once(monkeypatch: pytest.Mo
         ring.close()
     finally:
         os.close(fd)
+
+
+def test_due_timer_runs_in_due_order_and_survives_a_raising_callback():
+    import time
+
+    from kvstream.io.timer import DueTimer
+
+    timer = DueTimer(name="test-timer")
+    got: list[int] = []
+    now = time.monotonic()
+
+    def boom() -> None:
+        raise RuntimeError("callback failed")
+
+    timer.call_at(now + 0.03, lambda: got.append(3))
+    timer.call_at(now + 0.01, boom)
+    timer.call_at(now + 0.02, lambda: got.append(2))
+    timer.call_at(now, lambda: got.append(1))
+    deadline = time.monotonic() + 2
+    while len(got) < 3 and time.monotonic() < deadline:
+        time.sleep(0.005)
+    assert got == [1, 2, 3]

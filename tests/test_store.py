@@ -293,7 +293,7 @@ def test_a_slow_second_tier_never_stalls_puts_and_the_first_copy_is_always_writt
     import time
 
     from kvstream.io import make_engine
-    from kvstream.serving.storebackend import ThrottledEngine
+    from kvstream.io.throttle import ThrottledEngine
 
     engine = ThrottledEngine(make_engine("threads"), {"shared-w": 16e6})
     cfg = config(disk_tmp, memory_bytes="8MiB")

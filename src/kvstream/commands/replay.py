@@ -128,7 +128,8 @@ def _run_one(name: str, reqs: list[Any], tiers: list[tuple[str, Path]], args: ar
     from kvstream.serving.core import ServingCore
     from kvstream.serving.metrics import summarize
     from kvstream.serving.realtime import RealtimeDriver
-    from kvstream.serving.storebackend import StoreBackend, ThrottledEngine
+    from kvstream.io.throttle import ThrottledEngine
+    from kvstream.serving.storebackend import StoreBackend
     from kvstream.store import open_store
 
     sysd = _system(name)
@@ -269,7 +270,7 @@ def _measure_tiers(tiers: list[tuple[str, Path]], args: argparse.Namespace, cost
     import threading
 
     from kvstream.io import make_engine
-    from kvstream.serving.storebackend import ThrottledEngine
+    from kvstream.io.throttle import ThrottledEngine
     from kvstream.store import open_store
 
     chunk = cost.model.chunk_bytes()

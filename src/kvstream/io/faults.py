@@ -37,8 +37,6 @@ from __future__ import annotations
 
 import errno
 import fnmatch
-import heapq
-import itertools
 import os
 import random
 import threading
@@ -49,6 +47,7 @@ from dataclasses import dataclass
 
 from kvstream.errors import UsageError
 from kvstream.io.engine import DEFAULT_DEPTH, DEFAULT_MAX_BYTES, IOEngine, IOOp, OpKind, Ring
+from kvstream.io.timer import DueTimer
 
 __all__ = ["Fault", "FaultEvent", "FaultPlan", "FaultyEngine", "FaultyRing", "KINDS", "parse_faults"]
 
@@ -174,52 +173,10 @@ class FaultPlan:
             self.events.append(FaultEvent(label, kind, path, offset))
 
 
-class _Timer:
-    """One thread that runs callbacks at due times (delayed completions). Exits when idle; restarts on demand."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Condition(threading.Lock())
-        self._heap: list[tuple[float, int, Callable[[], None]]] = []
-        self._seq = itertools.count()
-        self._thread: threading.Thread | None = None
-
-    def call_at(self, due: float, fn: Callable[[], None]) -> None:
-        with self._lock:
-            heapq.heappush(self._heap, (due, next(self._seq), fn))
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name="kvs-fault-timer", daemon=True)
-                self._thread.start()
-            self._lock.notify()
-
-    def fire_all(self) -> None:
-        """Run every held callback now (a stall ends)."""
-        with self._lock:
-            self._heap = [(0.0, s, fn) for _, s, fn in self._heap]
-            heapq.heapify(self._heap)
-            self._lock.notify()
-
-    def _run(self) -> None:
-        while True:
-            with self._lock:
-                while True:
-                    if not self._heap:
-                        if not self._lock.wait(timeout=1.0) and not self._heap:
-                            self._thread = None
-                            return
-                        continue
-                    due = self._heap[0][0]
-                    now = time.monotonic()
-                    if due <= now:
-                        _, _, fn = heapq.heappop(self._heap)
-                        break
-                    self._lock.wait(timeout=due - now)
-            fn()
-
-
 class FaultyRing(Ring):
     """A ring that passes ops to ``inner`` and changes their completions as the plan decides."""
 
-    def __init__(self, inner: Ring, label: str, plan: FaultPlan, timer: _Timer) -> None:
+    def __init__(self, inner: Ring, label: str, plan: FaultPlan, timer: DueTimer) -> None:
         self.inner = inner
         self.label = label
         self.plan = plan
@@ -307,7 +264,7 @@ class FaultyEngine(IOEngine):
         self.inner = inner
         self.plan = plan if plan is not None else FaultPlan()
         self.name = f"{inner.name}+faults"
-        self._timer = _Timer()
+        self._timer = DueTimer(name="kvs-fault-timer")
         self.rings: dict[str, FaultyRing] = {}
 
     def ring(self, label: str, *, depth: int = DEFAULT_DEPTH, max_bytes: int = DEFAULT_MAX_BYTES) -> Ring:

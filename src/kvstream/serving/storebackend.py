@@ -6,134 +6,23 @@ thread (the store routes it over the tiers), ``put``\\ s each :class:`WriteChunk
 of the model's chunk size; its bytes do not matter, its size and the I/O do) and ``flush``\\ es at
 :class:`Flush`.
 
-:class:`ThrottledEngine` wraps the store's I/O engine and holds back completions on chosen rings so that
-they never exceed a bandwidth: with a tier on a RAM-backed folder this makes an *emulated* independent
-channel of known speed when the machine has only one real device. Every report that uses it says so.
+:class:`~kvstream.io.throttle.ThrottledEngine` (re-exported here) makes replay's *emulated* shared tier.
 """
 
 from __future__ import annotations
 
-import fnmatch
-import heapq
-import itertools
 import threading
 import time
 from collections.abc import Callable, Hashable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from kvstream.io.engine import DEFAULT_DEPTH, DEFAULT_MAX_BYTES, IOEngine, IOOp, OpKind, Ring
+from kvstream.io.throttle import ThrottledEngine
 from kvstream.keys import ChunkKeyer, KeyNamespace
 from kvstream.serving.core import LoadDone, StartLoad, WriteChunks
 from kvstream.serving.realtime import RealtimeBackend
 
 __all__ = ["StoreBackend", "ThrottledEngine"]
-
-
-class _Timer:
-    """One daemon thread running callbacks at due times."""
-
-    def __init__(self) -> None:
-        self._cv = threading.Condition()
-        self._heap: list[tuple[float, int, Callable[[], None]]] = []
-        self._seq = itertools.count()
-        self._thread: threading.Thread | None = None
-
-    def call_at(self, due: float, fn: Callable[[], None]) -> None:
-        with self._cv:
-            heapq.heappush(self._heap, (due, next(self._seq), fn))
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name="kvs-throttle", daemon=True)
-                self._thread.start()
-            self._cv.notify()
-
-    def _run(self) -> None:
-        while True:
-            with self._cv:
-                while True:
-                    if not self._heap:
-                        if not self._cv.wait(timeout=1.0) and not self._heap:
-                            self._thread = None
-                            return
-                        continue
-                    due = self._heap[0][0]
-                    now = time.monotonic()
-                    if due <= now:
-                        _, _, fn = heapq.heappop(self._heap)
-                        break
-                    self._cv.wait(timeout=due - now)
-            fn()
-
-
-class _ThrottledRing(Ring):
-    """Completions leave no faster than ``bw`` bytes/s (a FIFO token bucket reserved at submit)."""
-
-    def __init__(self, inner: Ring, bw: float, timer: _Timer) -> None:
-        self.inner = inner
-        self.bw = bw
-        self.timer = timer
-        self.engine_name = f"{inner.engine_name}+throttle"
-        self._lock = threading.Lock()
-        self._free_at = 0.0
-        self._pending = 0
-        self._drained = threading.Condition(self._lock)
-
-    def submit(self, ops: Sequence[IOOp]) -> None:
-        with self._lock:
-            now = time.monotonic()
-            for op in ops:
-                self._free_at = max(self._free_at, now) + op.length / self.bw
-                op.callback = self._wrap(op.callback, self._free_at)
-                self._pending += 1
-        self.inner.submit(ops)
-
-    def _wrap(self, user_cb: Callable[[IOOp], None], due: float) -> Callable[[IOOp], None]:
-        def deliver(op: IOOp) -> None:
-            op.callback = user_cb
-            try:
-                user_cb(op)
-            finally:
-                with self._lock:
-                    self._pending -= 1
-                    self._drained.notify_all()
-
-        def on_complete(op: IOOp) -> None:
-            if time.monotonic() >= due:
-                deliver(op)
-            else:
-                self.timer.call_at(due, lambda: deliver(op))
-
-        return on_complete
-
-    def inflight(self) -> int:
-        with self._lock:
-            return self._pending
-
-    def drain(self, timeout: float | None = None) -> bool:
-        with self._lock:
-            return self._drained.wait_for(lambda: self._pending == 0, timeout)
-
-    def close(self) -> None:
-        self.drain()
-        self.inner.close()
-
-
-class ThrottledEngine(IOEngine):
-    """Wraps ``inner``; rings whose label matches a pattern in ``limits`` (``"shared-r"``, ``"shared-*"``) are
-    held to that many bytes/s."""
-
-    def __init__(self, inner: IOEngine, limits: dict[str, float]) -> None:
-        self.inner = inner
-        self.limits = dict(limits)
-        self.name = f"{inner.name}+throttle"
-        self._timer = _Timer()
-
-    def ring(self, label: str, *, depth: int = DEFAULT_DEPTH, max_bytes: int = DEFAULT_MAX_BYTES) -> Ring:
-        r = self.inner.ring(label, depth=depth, max_bytes=max_bytes)
-        for pat, bw in self.limits.items():
-            if fnmatch.fnmatchcase(label, pat):
-                return _ThrottledRing(r, bw, self._timer)
-        return r
 
 
 class StoreBackend(RealtimeBackend):
