@@ -116,3 +116,28 @@ def test_policies_that_need_options_open_in_a_store(tmp_path):
     with kvstream.open_store(c) as s:
         s.put(b"k" * 16, b"x" * 1000)
         assert s.get_many([b"k" * 16])[0] is not None
+
+
+def test_two_processes_creating_a_new_tier_folder_at_once(tmp_path):
+    # Two nodes opening a shared tier nobody has used yet race to create its folder; both must open.
+    import threading
+
+    cfgs = [cfg(tmp_path, node_id=f"n{i}") for i in range(8)]
+    for c in cfgs:
+        c["tiers"][0]["path"] = str(tmp_path / "new" / "tier")
+    errors: list[BaseException] = []
+    barrier = threading.Barrier(len(cfgs))
+
+    def open_one(c):
+        barrier.wait()
+        try:
+            kvstream.open_store(c).close()
+        except BaseException as exc:  # noqa: BLE001
+            errors.append(exc)
+
+    threads = [threading.Thread(target=open_one, args=(c,)) for c in cfgs]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert not errors, errors

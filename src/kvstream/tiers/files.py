@@ -132,7 +132,8 @@ class DirectoryTier:
             if not create:
                 raise ConfigError(f, f"folder {self.root} does not exist (create it, or set create_dirs: true)")
             try:
-                self.root.mkdir(mode=0o700, parents=True)
+                # exist_ok: two nodes (or processes) opening a new shared tier at once both get here
+                self.root.mkdir(mode=0o700, parents=True, exist_ok=True)
             except OSError as exc:
                 raise ConfigError(f, f"cannot create {self.root}: {exc.strerror}") from None
         if not self.root.is_dir():
