@@ -11,6 +11,7 @@ of the model's chunk size; its bytes do not matter, its size and the I/O do) and
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable, Hashable, Sequence
@@ -23,6 +24,8 @@ from kvstream.serving.core import LoadDone, StartLoad, WriteChunks
 from kvstream.serving.realtime import RealtimeBackend
 
 __all__ = ["StoreBackend", "ThrottledEngine"]
+
+log = logging.getLogger(__name__)
 
 
 class StoreBackend(RealtimeBackend):
@@ -76,8 +79,8 @@ class StoreBackend(RealtimeBackend):
                     # The engine's own staging copy (pinned host buffer / the GPU): held until the core
                     # releases it, so a prefetched request keeps its KV even if the store evicts it meanwhile.
                     data[keys[i]] = bytes(chunk.payload)
-        except Exception:  # a failing store must not hang the run: report what landed
-            pass
+        except Exception:  # a failing store must not hang the run: report what landed, and say why
+            log.exception("replay: a load failed part-way; the chunks that landed are used, the rest recomputed")
         avail = []
         with self._lock:
             for rid, chunks in action.items:
