@@ -27,7 +27,9 @@ def test_bench_read_json(disk_tmp, capsys, router, windows):
     assert len(runs) == 2 and r["over_bound"] == pytest.approx((runs[0] + runs[1]) / 2)  # the median of the runs
     assert r["bound_seconds"] > 0 and r["gbps"] == pytest.approx(r["bytes"] / r["seconds"] / 1e9)
     chunks = {n: t["chunks"] for n, t in r["per_tier"].items()}
-    assert sum(chunks.values()) - r["duplicate_chunks"] == 6  # every chunk once, duplicates counted apart
+    # every chunk landed at least once; extra reads are duplicates (a late duplicate is dropped unread, so it
+    # counts as a duplicate without counting as a chunk read)
+    assert 6 <= sum(chunks.values()) <= 6 + r["duplicate_chunks"]
     if router == "single:a":
         assert chunks["b"] == 0
 
