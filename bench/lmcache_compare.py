@@ -21,6 +21,10 @@ Bounds printed beside them, measured in the same run on the same files: the raw 
 (``kvstream.io.rawread``) on LMCache's files and on each kvstream tier alone, and both kvstream tiers read
 at once (the aggregate-bandwidth bound); ``expected 2-tier ratio = Σ concurrent tier GB/s / local GB/s``.
 
+``--breakdown`` also reads kvstream-1's chunks with ``Store.read_chunks`` alone (with and without checksum
+verification) in every round, times the per-chunk copy and checksum, and adds the raw reader into 4 KiB-page
+buffers to the bounds: where the plugin's time goes beyond the device.
+
 Run it alone, as root (drop_caches, loop device, cgroup): ``flock /tmp/kvs-bench.lock .venv/bin/python
 bench/lmcache_compare.py``. Data: ``--requests × --chunks`` chunks per model preset (≈1.9 GiB for ``14b``,
 1 GiB for ``small``) under ``--dir`` (default /var/tmp, on the root disk) and the shared tier; all removed
@@ -61,6 +65,7 @@ from lmcache.v1.pin_monitor import PinMonitor
 from lmcache.v1.storage_backend.storage_manager import StorageManager
 from lmcache.v1.token_database import ChunkedTokenDatabase
 
+from kvstream.io import buffers as _buffers
 from kvstream.io import make_engine
 from kvstream.io.rawread import read_files, read_tiers_concurrently
 
@@ -204,6 +209,8 @@ def build_systems(args: argparse.Namespace, root: Path, shared: Path | None, met
             "memory_bytes": int(min(data_bytes, 4 * GiB) + 64 * MiB),
             "replication": "full", "router": args.router, "io_engine": args.io_engine, "create_dirs": True,
         }
+        if args.read_windows:
+            conf["read_windows"] = args.read_windows
         cfile = root / f"{name}.yaml"
         cfile.write_text(yaml.safe_dump(conf))
         extra = {f"storage_plugin.{PLUGIN}.module_path": "kvstream.integrations.lmcache",
@@ -213,7 +220,11 @@ def build_systems(args: argparse.Namespace, root: Path, shared: Path | None, met
         if PLUGIN not in sm.storage_backends:
             sm.close()
             raise SystemExit(f"{name}: the kvstream plugin did not load (see LMCache's error above)")
-        return System(name, sm, PLUGIN, "kvstream", notes=f"router {args.router}, inflight {read_budget >> 20} MiB")
+        store = sm.storage_backends[PLUGIN].store
+        return System(name, sm, PLUGIN, "kvstream",
+                      notes=f"router {args.router}, inflight {read_budget >> 20} MiB, read_windows "
+                            f"{store.config.read_windows}, huge-page buffers {'on' if _buffers.HUGEPAGES else 'off'}, "
+                            f"verify_reads {store.config.verify_reads}")
 
     systems.append(kvs("kvstream-1", [("local", root / "kvs1")]))
     if shared is not None:
@@ -320,6 +331,68 @@ def run_sync(s: System, reqs: list[list[Any]], sums: dict[Any, int] | None) -> f
     return total
 
 
+def run_store_only(s: System, reqs: list[list[Any]], verify: bool = True) -> float:
+    """Breakdown: the same requests read with ``Store.read_chunks`` alone (what the plugin calls), each chunk
+    dropped as it lands: no LMCache object, no copy. ``verify=False`` also skips the payload checksum."""
+    backend = s.sm.storage_backends[s.location]
+    store = backend.store
+    saved = store.config.verify_reads
+    object.__setattr__(store.config, "verify_reads", verify)  # frozen dataclass; a diagnostic switch only
+    try:
+        total = 0.0
+        for keys in reqs:
+            skeys = backend._keys.many(list(keys))
+            t0 = time.perf_counter()
+            got = 0
+            for _, chunk in store.read_chunks(skeys):
+                got += chunk is not None
+                del chunk
+            total += time.perf_counter() - t0
+            if got != len(keys):
+                raise SystemExit(f"{s.name}: store-only read found {got} of {len(keys)} chunks")
+        return total
+    finally:
+        object.__setattr__(store.config, "verify_reads", saved)
+
+
+def cpu_costs(s: System, key: Any, reps: int = 5) -> dict[str, float]:
+    """Breakdown: single-thread CPU cost per chunk, warm, of what the plugin adds to a read: the payload
+    checksum (xxh3, the store's verification) and the copy from the store's buffer into an LMCache object."""
+    from kvstream.integrations.lmcache import _copy_into
+
+    backend = s.sm.storage_backends[s.location]
+    chunk = next(c for _, c in backend.store.read_chunks([backend._keys(key)]))
+    payload = chunk.payload
+    obj = s.sm.allocate(s.sm.metadata.get_shapes()[0], torch.bfloat16, MemoryFormat.KV_2LTD)
+    try:
+        def best(fn: Any) -> float:
+            ts = []
+            for _ in range(reps):
+                t0 = time.perf_counter()
+                fn()
+                ts.append(time.perf_counter() - t0)
+            return min(ts)
+        copy_s = best(lambda: _copy_into(obj, payload))
+        hash_s = best(lambda: xxhash.xxh3_64_intdigest(payload))
+    finally:
+        release([obj])
+        del payload, chunk
+    n = s.sm.metadata.get_shapes()[0].numel() * 2
+    return {"copy_ms": copy_s * 1e3, "copy_gbps": n / copy_s / 1e9, "xxh3_ms": hash_s * 1e3,
+            "xxh3_gbps": n / hash_s / 1e9}
+
+
+def anon_huge_mib() -> float:
+    """This process's anonymous memory on transparent huge pages (MiB), from /proc/self/smaps_rollup."""
+    try:
+        for line in Path("/proc/self/smaps_rollup").read_text().splitlines():
+            if line.startswith("AnonHugePages:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return float("nan")
+
+
 class _Answers:
     def __init__(self) -> None:
         self.got: dict[str, int] = {}
@@ -384,7 +457,10 @@ def reqs_bytes(s: System, reqs: list[list[Any]]) -> int:
     return shape.numel() * 2
 
 
-def raw_bounds(systems: list[System], everyone: list[System], chunk_bytes: int) -> dict[str, Any]:
+def raw_bounds(systems: list[System], everyone: list[System], chunk_bytes: int,
+               small_pages: bool = False) -> dict[str, Any]:
+    """The raw reader's GB/s on each system's files (huge-page buffers, as rawread does by default); with
+    ``small_pages`` also on LMCache's and kvstream-1's files into 4 KiB-page buffers (``--breakdown``)."""
     engine = make_engine("auto")
     depth = 4 if chunk_bytes >= 16 * MiB else 32
     out: dict[str, Any] = {"engine": engine.name, "depth": depth}
@@ -393,6 +469,10 @@ def raw_bounds(systems: list[System], everyone: list[System], chunk_bytes: int) 
             for tier, files in s.files.items():
                 cold(everyone, [])
                 out[f"{s.name}/{tier}"] = read_files(files, engine=engine, depth=depth).gbps
+                if small_pages and s.name in ("lmcache-disk", "kvstream-1"):
+                    cold(everyone, [])
+                    out[f"{s.name}/{tier} 4KiB-page buffers"] = read_files(files, engine=engine, depth=depth,
+                                                                           hugepages=False).gbps
         two = next((s for s in systems if s.name == "kvstream-2"), None)
         if two is not None:
             cold(everyone, [])
@@ -429,12 +509,12 @@ def run_preset(args: argparse.Namespace, preset: str, shared: Path | None) -> di
         print(f"written to every system in {time.perf_counter() - t0:.1f} s")
         for s in systems:
             s.files = chunk_files(s, all_keys)
-        bounds = raw_bounds(systems, systems, chunk_bytes)
+        bounds = raw_bounds(systems, systems, chunk_bytes, small_pages=args.breakdown)
         result["raw_gbps"] = bounds
         print(f"bound: raw O_DIRECT reader ({bounds['engine']}, depth {bounds['depth']}) on the same files:")
         for k, v in bounds.items():
             if "/" in k:
-                print(f"  {k:<24} {v:6.2f} GB/s")
+                print(f"  {k:<42} {v:6.2f} GB/s")
         if "concurrent" in bounds:
             c = bounds["concurrent"]
             print(f"  kvstream-2 both at once  " + " + ".join(f"{t} {v:.2f}" for t, v in c.items())
@@ -449,6 +529,7 @@ def run_preset(args: argparse.Namespace, preset: str, shared: Path | None) -> di
         print("LocalDiskBackend disk_io_threads sweep (sync GB/s): "
               + ", ".join(f"{n}: {g:.2f}" for n, g in sweep.items()) + f" -> using {best}")
 
+        brk: dict[str, list[float]] = {"store": [], "store-noverify": [], "verify_cpu_s": []}
         sync: dict[str, list[float]] = {s.name: [] for s in systems}
         asyn: dict[str, list[float]] = {s.name: [] for s in systems}
         for rnd in range(args.runs):
@@ -456,6 +537,17 @@ def run_preset(args: argparse.Namespace, preset: str, shared: Path | None) -> di
             for s in order:
                 cold(systems, all_keys)
                 sync[s.name].append(run_sync(s, reqs, sums if rnd == 0 else None))
+            if args.breakdown:
+                for s in order:
+                    if s.name != "kvstream-1":
+                        continue
+                    st0 = s.sm.storage_backends[s.location].store.stats()
+                    cold(systems, all_keys)
+                    brk["store"].append(run_store_only(s, reqs, verify=True))
+                    st1 = s.sm.storage_backends[s.location].store.stats()
+                    cold(systems, all_keys)
+                    brk["store-noverify"].append(run_store_only(s, reqs, verify=False))
+                    brk["verify_cpu_s"].append(st1["verify_seconds"] - st0["verify_seconds"])
             if not args.no_async:
                 for s in order:
                     cold(systems, all_keys)
@@ -467,6 +559,25 @@ def run_preset(args: argparse.Namespace, preset: str, shared: Path | None) -> di
         if not args.no_async:
             result["async"] = _summary(asyn, data_bytes)
         result["notes"] = {s.name: s.notes for s in systems}
+        result["anon_huge_pages_mib"] = anon_huge_mib()
+        if args.breakdown and brk["store"]:
+            k1 = next(s for s in systems if s.name == "kvstream-1")
+            plugin = sync["kvstream-1"]
+            lmc_t = sync["lmcache-disk"]
+            result["breakdown"] = {
+                "kvstream-1 plugin sync_gbps": data_bytes / statistics.median(plugin) / 1e9,
+                "store-only sync_gbps": data_bytes / statistics.median(brk["store"]) / 1e9,
+                "store-only no-verify sync_gbps": data_bytes / statistics.median(brk["store-noverify"]) / 1e9,
+                "store-only / lmcache (paired)": statistics.median(b / t for b, t in zip(lmc_t, brk["store"])),
+                "store-only no-verify / lmcache (paired)":
+                    statistics.median(b / t for b, t in zip(lmc_t, brk["store-noverify"])),
+                "plugin time over store-only (paired)": statistics.median(p / t for p, t in zip(plugin, brk["store"])),
+                "store-only time over no-verify (paired)":
+                    statistics.median(a / b for a, b in zip(brk["store"], brk["store-noverify"])),
+                "verify CPU s per run (median)": statistics.median(brk["verify_cpu_s"]),
+                "runs_s": brk,
+                "cpu_per_chunk": cpu_costs(k1, reqs[0][0]),
+            }
         for s in systems:
             if s.kind == "kvstream":
                 st = s.sm.storage_backends[s.location].store.stats()
@@ -504,6 +615,18 @@ def _print_summary(r: dict[str, Any]) -> None:
         for name, v in r[path].items():
             print(f"  {name:<14} {v['median_s']:7.3f} s  {v['median_gbps']:6.2f} GB/s  "
                   f"{v['median_ratio_vs_lmcache']:5.2f}x")
+    if "breakdown" in r:
+        b = r["breakdown"]
+        print("breakdown, kvstream-1 sync path (same rounds, medians; ratios paired per round):")
+        for k, v in b.items():
+            if k == "runs_s":
+                continue
+            if isinstance(v, dict):
+                print(f"  {k}: " + ", ".join(f"{kk} {vv:.2f}" for kk, vv in v.items()))
+            else:
+                print(f"  {k:<42} {v:6.3f}")
+    if "anon_huge_pages_mib" in r:
+        print(f"  this process's AnonHugePages after the runs: {r['anon_huge_pages_mib']:.0f} MiB")
     if "expected_2tier_ratio" in r and "sync" in r and "kvstream-2" in r["sync"]:
         k1, k2 = r["sync"]["kvstream-1"]["median_gbps"], r["sync"]["kvstream-2"]["median_gbps"]
         print(f"  kvstream 2 tiers / 1 tier: {k2 / k1:.2f}x (expected {r['expected_2tier_ratio']:.2f}x from the "
@@ -517,8 +640,8 @@ def _thp_store_buffers() -> None:
 
     original = buffers.AlignedBuffer.__init__
 
-    def init(self: Any, capacity: int) -> None:
-        original(self, capacity)
+    def init(self: Any, capacity: int, *a: Any, **kw: Any) -> None:
+        original(self, capacity, *a, **kw)
         advise_hugepages(self)
 
     buffers.AlignedBuffer.__init__ = init  # type: ignore[method-assign]
@@ -550,8 +673,15 @@ def main(argv: list[str] | None = None) -> int:
                    help="what to drop before each run: 1 = page cache (default), 3 = also dentries and inodes")
     p.add_argument("--json", default=None, help="write the results here")
     p.add_argument("--thp-store-buffers", action="store_true",
-                   help="diagnostic: back the store's aligned buffers with transparent huge pages (madvise), "
-                        "as kvstream.io.rawread does for the bound; shows the effect of that pending store change")
+                   help="diagnostic from before the store did this itself: madvise(MADV_HUGEPAGE) every aligned "
+                        "buffer. The store now backs buffers >= 2 MiB with huge pages by default "
+                        "(KVSTREAM_HUGEPAGES=0 turns that off), so this only adds the hint on smaller ones")
+    p.add_argument("--read-windows", choices=["balanced", "fixed"], default=None,
+                   help="kvstream read-window policy (default: the store's default, balanced)")
+    p.add_argument("--breakdown", action="store_true",
+                   help="also read kvstream-1's chunks with Store.read_chunks alone (with and without checksum "
+                        "verification) in every round, time the per-chunk copy and checksum, and add the raw "
+                        "reader into 4 KiB-page buffers to the bounds: where the plugin's time goes")
     args = p.parse_args(argv)
     global DROP_CACHES
     DROP_CACHES = args.drop_caches

@@ -305,17 +305,21 @@ def test_a_stalled_tier_is_hedged_taken_out_and_probed_back_in(disk_tmp):
     try:
         s.health[0].cooldown_s = 0.3
         steps = []
-        # Each stalled step is one failure of the tier (hedged in the step, or its reads still stuck when the next
-        # step starts); the third opens its breaker.
-        for _ in range(3):
+        # Each stalled step is one failure of the tier: hedged within the step, or its reads still stuck past
+        # hedge_after_s when the next step starts. Three open its breaker: by the fourth step at the latest.
+        for _ in range(4):
             s.evict_memory()
             t0 = time.monotonic()
             out = s.get_many(keys)
             steps.append(time.monotonic() - t0)
             assert all(o is not None for o in out) and wrong_bytes(keys, out) == 0  # the step completes
+            if s.health[0].state == "open":
+                break
             time.sleep(0.06)  # the forward pass between two steps
         st = s.stats()
-        assert max(steps) < 2.0 and st["hedged_reads"] >= 3
+        # The stuck reads were re-read on the shared tier (hedged after hedge_after_s, or taken over by its
+        # meet-in-the-middle steal as soon as it ran out of its own chunks, whichever came first).
+        assert max(steps) < 2.0 and st["tiers"]["shared"]["read_chunks"] >= len(steps) * len(keys)
         assert st["tiers"]["local"]["circuit"] == "open" and st["tiers"]["local"]["read_chunks"] == 0
         s.evict_memory()
         t0 = time.monotonic()

@@ -575,7 +575,11 @@ class Store:
                         fill(u)
                     continue
                 tier_bytes[t] += op.length
-                if sched.on_landed(t, j):
+                landed_first = sched.on_landed(t, j)
+                # The refill above ran while j still counted as this tier's in-flight read; a tier whose last
+                # read was a stolen chunk could not steal the next one then (one stolen batch at a time).
+                fill(t)
+                if landed_first:
                     self._c["disk_hits"] += 1
                     entry = None
                     if tag.pooled:
