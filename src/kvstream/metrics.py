@@ -42,6 +42,8 @@ _TIER_SERIES = {
     "capacity_bytes": ("tier_capacity_bytes", "Configured capacity of the tier", "gauge"),
     "read_latency_p50_s": ("tier_read_latency_p50_seconds", "Median per-chunk read latency (recent reads)", "gauge"),
     "read_latency_p99_s": ("tier_read_latency_p99_seconds", "P99 per-chunk read latency (recent reads)", "gauge"),
+    "read_window_bytes": ("tier_read_window_bytes", "Bytes of reads the tier may have in flight in a step (read_windows)", "gauge"),
+    "write_backlog_bytes": ("tier_write_backlog_bytes", "Bytes of the tier's writes submitted and not finished", "gauge"),
 }
 _STORE_SERIES = {
     "puts": ("puts", "Chunks put", "counter"),
@@ -55,6 +57,7 @@ _STORE_SERIES = {
     "read_seconds": ("read_seconds", "Seconds spent in read calls", "counter"),
     "verify_seconds": ("verify_seconds", "Seconds spent verifying payload checksums", "counter"),
     "hedged_reads": ("hedged_reads", "Reads re-issued on another tier after a deadline", "counter"),
+    "stalled_reads": ("stalled_reads", "Reads still in flight past the hedge deadline when the next step began", "counter"),
     "write_amplification": ("write_amplification", "Bytes written to all tiers / bytes put", "gauge"),
 }
 
