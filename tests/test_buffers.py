@@ -282,3 +282,180 @@ def test_pool_accounting_with_large_buffers() -> None:
 def test_pool_rejects_tiny_capacity() -> None:
     with pytest.raises(ValueError):
         BufferPool(ALIGN - 1)
+
+
+# ── huge-page slabs for small size classes ─────────────────────────────────────────────────────────────────
+
+CHUNK_1M = MiB + ALIGN  # a 1 MiB chunk and its 4 KiB header: size class 1.25 MiB
+
+
+def _span(buf: AlignedBuffer) -> tuple[int, int]:
+    return buf.address, buf.address + buf.capacity
+
+
+def test_slab_sizes_waste_little() -> None:
+    assert buffers._slab_bytes(BufferPool.size_class(CHUNK_1M)) == 5 * HUGE_PAGE  # 8 slots of 1.25 MiB
+    assert buffers._slab_bytes(64 << 10) == HUGE_PAGE
+    assert buffers._slab_bytes(BufferPool.size_class(CHUNK_1M), limit=4 * MiB) == 2 * HUGE_PAGE
+    assert buffers._slab_bytes(BufferPool.size_class(CHUNK_1M), limit=HUGE_PAGE - ALIGN) == 0
+    for cls in range(buffers.SLAB_MIN, HUGE_PAGE, 12 * ALIGN):
+        size = buffers._slab_bytes(cls)
+        assert size % HUGE_PAGE == 0 and size // cls >= 1 and size % cls <= size // 8
+
+
+@needs_thp
+@pytest.mark.parametrize("n", [64 << 10, 100 << 10, CHUNK_1M, 3 * MiB // 2 + ALIGN])
+def test_small_pool_buffers_are_distinct_aligned_slices_of_one_slab(n: int) -> None:
+    pool = BufferPool(256 * MiB, hugepages=True)
+    cls = BufferPool.size_class(n)
+    first = pool.acquire(n)
+    assert first is not None and first._slab is not None
+    slab = first._slab
+    bufs = [first] + [pool.acquire(n) for _ in range(slab.nslots - 1)]
+    assert all(b is not None and b._slab is slab for b in bufs), "one slab serves its class until it is full"
+    assert pool.slab_count == 1 and pool.allocations == slab.nslots and pool.reuses == 0
+    slab_lo = ctypes.addressof(ctypes.c_char.from_buffer(slab.mm)) + slab.base
+    assert slab_lo % HUGE_PAGE == 0 and slab.size % HUGE_PAGE == 0
+    spans = sorted(_span(b) for b in bufs)
+    assert len({lo for lo, _ in spans}) == len(bufs)
+    for (lo, hi), b in zip(spans, bufs):
+        assert lo % ALIGN == 0 and hi - lo == cls == b.capacity == len(b.view())
+        assert slab_lo <= lo and hi <= slab_lo + slab.size
+    for (_, hi), (lo, _) in zip(spans, spans[1:]):
+        assert hi <= lo, "slots overlap"
+    # each view writes its own slot and nothing else
+    for i, b in enumerate(bufs):
+        b.view()[:] = bytes([i + 1]) * cls
+    for i, b in enumerate(bufs):
+        assert ctypes.string_at(b.address, cls) == bytes([i + 1]) * cls
+        assert bytes(b.readonly(cls - 3)) == bytes([i + 1]) * 3
+    nxt = pool.acquire(n)  # the slab is full: a second one
+    assert nxt is not None and nxt._slab is not slab and pool.slab_count == 2
+
+
+@needs_thp
+def test_slab_mapping_is_madvised_and_huge() -> None:
+    pool = BufferPool(64 * MiB, hugepages=True)
+    bufs = [pool.acquire(CHUNK_1M) for _ in range(8)]
+    for b in bufs:
+        assert b is not None and b._slab is not None and b.hugepages
+        assert "hg" in _vmflags(b)  # VM_HUGEPAGE on the slab's mapping
+    if _thp_mode() in ("always", "madvise"):
+        for b in bufs:
+            _touch(b)
+        assert _anon_huge_kib(bufs[0]) >= HUGE_PAGE // 1024
+    plain = BufferPool(64 * MiB, hugepages=False).acquire(CHUNK_1M)
+    assert plain is not None and plain._slab is None and not plain.hugepages
+    assert "hg" not in _vmflags(plain)
+
+
+def test_slot_exports_are_per_buffer() -> None:
+    pool = BufferPool(64 * MiB, hugepages=True)
+    a, b = pool.acquire(CHUNK_1M), pool.acquire(CHUNK_1M)
+    assert a is not None and b is not None
+    if a._slab is None:
+        pytest.skip("no slabs here (no MADV_HUGEPAGE)")
+    assert a._slab is b._slab and not a.exported() and not b.exported()
+    v = a.view(10, 20)
+    assert a.exported() and not b.exported(), "a view of one slot must not mark its neighbours"
+    arr = np.frombuffer(b.readonly(), dtype=np.uint8)
+    assert b.exported()
+    del v
+    assert not a.exported() and b.exported()
+    del arr
+    assert not b.exported()
+
+
+def test_exported_slot_is_not_handed_out_again() -> None:
+    pool = BufferPool(64 * MiB, hugepages=True)
+    a = pool.acquire(CHUNK_1M)
+    assert a is not None
+    if a._slab is None:
+        pytest.skip("no slabs here (no MADV_HUGEPAGE)")
+    nslots = a._slab.nslots
+    view = a.view()
+    arr = np.frombuffer(a.readonly(), dtype=np.uint8)
+    pool.release(a)
+    others = [pool.acquire(CHUNK_1M) for _ in range(2 * nslots)]
+    assert all(o is not None and o is not a for o in others), "a slot with live views was handed out again"
+    for o in others:
+        assert o is not None
+        pool.release(o)
+    got = [pool.acquire(CHUNK_1M) for _ in range(2 * nslots - 1)]
+    assert all(g is not a for g in got)
+    del view
+    x = pool.acquire(CHUNK_1M)  # a is still parked: the numpy array exports it
+    assert x is not None and x is not a
+    pool.release(x)
+    del arr
+    for g in got:
+        assert g is not None
+        pool.release(g)
+    again = {id(pool.acquire(CHUNK_1M)) for _ in range(2 * nslots)}
+    assert id(a) in again, "a is reusable once its last export is gone"
+
+
+def test_slab_pool_accounting_and_capacity() -> None:
+    cls = BufferPool.size_class(CHUNK_1M)
+    pool = BufferPool(12 * MiB, hugepages=True)
+    a = pool.acquire(CHUNK_1M)
+    assert a is not None
+    if a._slab is None:
+        pytest.skip("no slabs here (no MADV_HUGEPAGE)")
+    assert pool.allocated_bytes == 10 * MiB and pool.in_use_bytes == cls  # the whole slab counts at once
+    bufs = [a] + [pool.acquire(CHUNK_1M) for _ in range(7)]
+    assert all(b is not None for b in bufs)
+    assert pool.allocated_bytes == 10 * MiB and pool.in_use_bytes == 8 * cls and pool.slab_count == 1
+    ninth = pool.acquire(CHUNK_1M)  # 2 MiB of room left: a one-huge-page slab with one slot
+    assert ninth is not None and ninth._slab is not None and ninth._slab.size == HUGE_PAGE
+    assert pool.allocated_bytes == 12 * MiB == pool.capacity_bytes
+    assert pool.acquire(CHUNK_1M) is None and pool.acquire(64 << 10) is None
+    assert pool.allocated_bytes <= pool.capacity_bytes
+    # a slab with a slot in use is never dropped: the big buffer does not fit
+    for b in bufs[1:]:
+        assert b is not None
+        pool.release(b)
+    pool.release(ninth)
+    assert pool.in_use_bytes == cls
+    assert pool.acquire(4 * MiB) is None  # only the 2 MiB slab could go; 4 MiB still does not fit
+    assert pool.slab_count == 1 and pool.allocated_bytes == 10 * MiB  # it went; the busy one stayed
+    # a wholly free but exported slab stays mapped too
+    v = bufs[1].view()
+    pool.release(a)
+    assert pool.acquire(4 * MiB) is None and pool.allocated_bytes == 10 * MiB
+    del v
+    big = pool.acquire(4 * MiB)
+    assert big is not None and big._slab is None
+    assert pool.slab_count == 0 and pool.allocated_bytes == 4 * MiB and pool.in_use_bytes == 4 * MiB
+    pool.release(big)
+    assert pool.in_use_bytes == 0
+
+
+def test_dropped_slab_is_unmapped() -> None:
+    pool = BufferPool(10 * MiB, hugepages=True)
+    a = pool.acquire(CHUNK_1M)
+    assert a is not None
+    if a._slab is None:
+        pytest.skip("no slabs here (no MADV_HUGEPAGE)")
+    addr = a.address
+    pool.release(a)
+    del a
+    big = pool.acquire(8 * MiB)
+    assert big is not None and pool.slab_count == 0
+    del big
+    gc.collect()
+    with pytest.raises(AssertionError):
+        _smaps_entry(addr)  # no mapping holds the old slot (unless something new landed there)
+
+
+@pytest.mark.parametrize("how", ["pool", "module"])
+def test_no_slabs_without_hugepages(monkeypatch: pytest.MonkeyPatch, how: str) -> None:
+    if how == "module":
+        monkeypatch.setattr(buffers, "HUGEPAGES", False)
+        pool = BufferPool(64 * MiB)
+    else:
+        pool = BufferPool(64 * MiB, hugepages=False)
+    cls = BufferPool.size_class(CHUNK_1M)
+    bufs = [pool.acquire(CHUNK_1M) for _ in range(3)]
+    assert all(b is not None and b._slab is None and b._exp is None and len(b._mm) == cls for b in bufs)
+    assert pool.slab_count == 0 and pool.allocated_bytes == 3 * cls == pool.in_use_bytes

@@ -16,6 +16,14 @@ buffer is as fragmented as free memory happens to be, and the block layer cuts e
 never exceeds what the pool accounts for. It is a hint: where THP is absent or ``never`` nothing changes.
 ``KVSTREAM_HUGEPAGES=0`` in the environment (read at import; :data:`HUGEPAGES`) or ``hugepages=False`` on a
 buffer or pool turns it off, to compare.
+
+Slabs: a pool's buffers of a size class in ``[SLAB_MIN, HUGE_PAGE)`` (e.g. a 1 MiB chunk plus its 4 KiB header)
+cannot hold a huge page on their own, so with huge pages on the pool carves them from a *slab*: one 2 MiB-aligned,
+madvised mapping of a multiple of 2 MiB holding several slots of that class (:class:`_Slab`). Each slot is an
+:class:`AlignedBuffer` whose exporter is its own ctypes array over the slot (``from_buffer``, which also keeps the
+slab's mapping alive), so export-awareness stays per buffer. A slab counts fully against the pool's capacity from
+the moment it is mapped, and is dropped (its memory returned once the last reference goes) only when every slot
+is in the free list and unexported.
 """
 
 from __future__ import annotations
@@ -27,7 +35,7 @@ import sys
 import threading
 from collections import defaultdict
 
-__all__ = ["ALIGN", "HUGE_PAGE", "HUGEPAGES", "AlignedBuffer", "BufferPool", "round_up"]
+__all__ = ["ALIGN", "HUGE_PAGE", "HUGEPAGES", "SLAB_MIN", "AlignedBuffer", "BufferPool", "round_up"]
 
 ALIGN = 4096  # O_DIRECT alignment used everywhere: file offsets, lengths and buffer addresses
 
@@ -47,6 +55,8 @@ HUGE_PAGE = _huge_page_size()
 # Default for buffers created without an explicit ``hugepages=``; tests and benchmarks may rebind it.
 HUGEPAGES = os.environ.get("KVSTREAM_HUGEPAGES", "1").strip().lower() not in ("0", "false", "no", "off")
 _MADV_HUGEPAGE = getattr(mmap, "MADV_HUGEPAGE", None)
+SLAB_MIN = 64 << 10  # smallest size class a pool carves from huge-page slabs
+_SLAB_MAX_PAGES = 8  # a slab is 1..8 huge pages
 
 
 def round_up(n: int, align: int = ALIGN) -> int:
@@ -99,7 +109,8 @@ class AlignedBuffer:
     boundary and ask for transparent huge pages. ``self.hugepages`` says whether the hint was given.
     """
 
-    __slots__ = ("_mm", "_off", "_whole", "capacity", "address", "hugepages", "_anchor", "__weakref__")
+    __slots__ = ("_mm", "_off", "_whole", "capacity", "address", "hugepages", "_anchor", "_exp", "_slab",
+                 "__weakref__")
 
     def __init__(self, capacity: int, hugepages: bool | None = None) -> None:
         if capacity <= 0 or capacity % ALIGN:
@@ -115,8 +126,30 @@ class AlignedBuffer:
         # ctypes view used only to learn the address; it is an export of the mmap, counted in the baseline.
         self._anchor = ctypes.c_char.from_buffer(self._mm)
         self.address = ctypes.addressof(self._anchor) + self._off
+        self._exp = None
+        self._slab = None
+
+    @classmethod
+    def _slot(cls, slab: _Slab, off: int) -> AlignedBuffer:
+        """A buffer of ``slab.slot_bytes`` at byte ``off`` of the slab's mapping (a slot; not its own mmap).
+
+        Its exporter is a ctypes array over just this slot: every memoryview of the buffer holds a reference to
+        that array (not to the shared mmap), so :meth:`exported` sees this slot's views only. The array also
+        holds an export of the slab's mmap, so the mapping outlives every slot and every view of one.
+        """
+        self = cls.__new__(cls)
+        self._mm, self._off, self._whole = slab.mm, off, False
+        self.capacity = slab.slot_bytes
+        self.hugepages = slab.hugepages
+        self._anchor = None
+        self._exp = (ctypes.c_ubyte * slab.slot_bytes).from_buffer(slab.mm, off)
+        self._slab = slab
+        self.address = ctypes.addressof(self._exp)
+        return self
 
     def _mv(self) -> memoryview:
+        if self._exp is not None:
+            return memoryview(self._exp).cast("B")  # the array's format is "<B"; callers expect plain bytes
         if self._whole:
             return memoryview(self._mm)
         return memoryview(self._mm)[self._off:self._off + self.capacity]
@@ -130,6 +163,10 @@ class AlignedBuffer:
 
     def exported(self) -> bool:
         """True while any memoryview (or other export) of this buffer is alive (CPython reference count)."""
+        if self._exp is not None:
+            # A slot: baseline references are self._exp and getrefcount's argument; each view's managed buffer
+            # holds one more.
+            return sys.getrefcount(self._exp) > 2
         # Baseline references: self._mm attribute, the ctypes anchor's base reference, getrefcount's argument.
         return sys.getrefcount(self._mm) > 3
 
@@ -137,7 +174,43 @@ class AlignedBuffer:
         return self.capacity
 
     def __repr__(self) -> str:
-        return f"AlignedBuffer({self.capacity} B @ {self.address:#x}{', huge pages' if self.hugepages else ''})"
+        slab = ", slab" if self._slab is not None else ""
+        return f"AlignedBuffer({self.capacity} B @ {self.address:#x}{', huge pages' if self.hugepages else ''}{slab})"
+
+
+def _slab_bytes(slot_bytes: int, limit: int | None = None) -> int:
+    """The slab size (a multiple of ``HUGE_PAGE``, at most ``_SLAB_MAX_PAGES`` of them and at most ``limit``)
+    that wastes the smallest fraction on a tail too short for a slot; the smallest such. 0 if none fits a slot."""
+    best, best_waste = 0, 1.0
+    for pages in range(1, _SLAB_MAX_PAGES + 1):
+        size = pages * HUGE_PAGE
+        if limit is not None and size > limit:
+            break
+        if size < slot_bytes:
+            continue
+        waste = (size % slot_bytes) / size
+        if waste < best_waste:
+            best, best_waste = size, waste
+    return best
+
+
+class _Slab:
+    """One huge-page-aligned mapping of ``size`` bytes cut into ``nslots`` slots of ``slot_bytes``."""
+
+    __slots__ = ("mm", "base", "size", "slot_bytes", "nslots", "hugepages", "nfree")
+
+    def __init__(self, size: int, slot_bytes: int) -> None:
+        self.mm, self.base, self.hugepages = _map_huge(size)
+        self.size = size
+        self.slot_bytes = slot_bytes
+        self.nslots = size // slot_bytes
+        self.nfree = 0  # slots of this slab in the pool's free or fresh lists (not in use, not parked)
+
+    def slots(self) -> list[AlignedBuffer]:
+        return [AlignedBuffer._slot(self, self.base + i * self.slot_bytes) for i in range(self.nslots)]
+
+    def __repr__(self) -> str:
+        return f"_Slab({self.size} B, {self.nslots} x {self.slot_bytes} B, {self.nfree} free)"
 
 
 class BufferPool:
@@ -147,7 +220,9 @@ class BufferPool:
     ``acquire(n)`` returns a buffer of at least ``n`` bytes or ``None`` when the pool would exceed
     ``capacity_bytes`` (a shortage is a return value, not an exception). ``release(buf)`` returns it for reuse;
     a released buffer that is still exported is parked and reused once its views are gone.
-    ``hugepages`` is passed to every :class:`AlignedBuffer` it creates (``None``: :data:`HUGEPAGES`).
+    ``hugepages`` is passed to every :class:`AlignedBuffer` it creates (``None``: :data:`HUGEPAGES`, read at
+    each allocation). With huge pages on, classes in ``[SLAB_MIN, HUGE_PAGE)`` come from huge-page slabs (see
+    the module docstring); ``allocated_bytes`` counts whole slabs, and never exceeds ``capacity_bytes``.
     Thread-safe.
     """
 
@@ -159,10 +234,13 @@ class BufferPool:
         self._lock = threading.Lock()
         self._free: dict[int, list[AlignedBuffer]] = defaultdict(list)
         self._parked: list[AlignedBuffer] = []  # released but still viewed by someone
-        self._allocated_bytes = 0  # every buffer the pool created and has not dropped
+        self._fresh: dict[int, list[AlignedBuffer]] = defaultdict(list)  # slab slots never handed out yet
+        self._slabs: list[_Slab] = []  # every slab mapped and not dropped
+        self._allocated_bytes = 0  # every buffer (or whole slab) the pool created and has not dropped
         self._in_use_bytes = 0
         self.allocations = 0  # buffers created (a flat count in a long run shows reuse works)
         self.reuses = 0
+        self.slab_allocations = 0
 
     @staticmethod
     def size_class(n: int) -> int:
@@ -181,6 +259,14 @@ class BufferPool:
     def allocated_bytes(self) -> int:
         return self._allocated_bytes
 
+    @property
+    def slab_count(self) -> int:
+        return len(self._slabs)
+
+    def _use_slabs(self, cls: int) -> bool:
+        hp = HUGEPAGES if self.hugepages is None else self.hugepages
+        return bool(hp) and _MADV_HUGEPAGE is not None and SLAB_MIN <= cls < HUGE_PAGE
+
     def acquire(self, n: int) -> AlignedBuffer | None:
         cls = self.size_class(n)
         with self._lock:
@@ -188,9 +274,23 @@ class BufferPool:
             free = self._free.get(cls)
             if free:
                 buf = free.pop()
+                if buf._slab is not None:
+                    buf._slab.nfree -= 1
                 self._in_use_bytes += cls
                 self.reuses += 1
                 return buf
+            fresh = self._fresh.get(cls)
+            if fresh:
+                buf = fresh.pop()
+                buf._slab.nfree -= 1
+                self._in_use_bytes += cls
+                self.allocations += 1
+                return buf
+            if self._use_slabs(cls):
+                got = self._acquire_slab_locked(cls)
+                if got is not None:
+                    return got
+                # no slab fits: fall through to a plain buffer if the room allows it
             if self._allocated_bytes + cls > self.capacity_bytes:
                 self._shrink_locked(self._allocated_bytes + cls - self.capacity_bytes)
                 if self._allocated_bytes + cls > self.capacity_bytes:
@@ -206,29 +306,83 @@ class BufferPool:
                 self._in_use_bytes -= cls
             return None
 
+    def _acquire_slab_locked(self, cls: int) -> AlignedBuffer | None:
+        """Map a new slab of class ``cls`` within the capacity (dropping free buffers if needed), hand out one
+        slot and put the rest in the free list. None if not even a one-huge-page slab fits."""
+        want = _slab_bytes(cls)
+        if self._allocated_bytes + want > self.capacity_bytes:
+            self._shrink_locked(self._allocated_bytes + want - self.capacity_bytes)
+        size = _slab_bytes(cls, self.capacity_bytes - self._allocated_bytes)
+        if not size:
+            return None
+        try:
+            slab = _Slab(size, cls)
+            slots = slab.slots()
+        except (OSError, ValueError, BufferError):
+            return None
+        self._slabs.append(slab)
+        self._allocated_bytes += size
+        self.slab_allocations += 1
+        self.allocations += 1  # counts buffers as they are first handed out
+        self._fresh[cls].extend(reversed(slots[1:]))  # popped in address order
+        slab.nfree = len(slots) - 1
+        self._in_use_bytes += cls
+        return slots[0]
+
     def release(self, buf: AlignedBuffer) -> None:
         with self._lock:
             self._in_use_bytes -= buf.capacity
             if buf.exported():
                 self._parked.append(buf)
             else:
-                self._free[buf.capacity].append(buf)
+                self._push_free_locked(buf)
+
+    def _push_free_locked(self, buf: AlignedBuffer) -> None:
+        self._free[buf.capacity].append(buf)
+        if buf._slab is not None:
+            buf._slab.nfree += 1
 
     def _unpark_locked(self) -> None:
         if not self._parked:
             return
         still = []
         for buf in self._parked:
-            (still if buf.exported() else self._free[buf.capacity]).append(buf)
+            if buf.exported():
+                still.append(buf)
+            else:
+                self._push_free_locked(buf)
         self._parked = still
 
     def _shrink_locked(self, need: int) -> None:
-        """Drop free buffers of other size classes until ``need`` bytes are returned to the OS."""
+        """Drop free buffers of other size classes, then wholly free slabs, until ``need`` bytes are returned to
+        the OS. A slot is never dropped alone: its memory goes back only with its whole slab."""
         for cls in sorted(self._free, reverse=True):
             free = self._free[cls]
+            if not any(b._slab is None for b in free):
+                continue
+            keep = []
             while free and need > 0:
-                free.pop()
+                b = free.pop()
+                if b._slab is not None:
+                    keep.append(b)
+                    continue
                 self._allocated_bytes -= cls
                 need -= cls
+            free.extend(reversed(keep))
             if need <= 0:
                 return
+        for slab in list(self._slabs):
+            if need <= 0:
+                return
+            if slab.nfree != slab.nslots:
+                continue
+            free, fresh = self._free[slab.slot_bytes], self._fresh[slab.slot_bytes]
+            if any(b.exported() for b in free + fresh if b._slab is slab):  # a released buffer viewed again
+                continue
+            free[:] = [b for b in free if b._slab is not slab]
+            fresh[:] = [b for b in fresh if b._slab is not slab]
+            self._slabs.remove(slab)
+            slab.nfree = 0
+            self._allocated_bytes -= slab.size
+            need -= slab.size
+            # The mapping is unmapped when the last reference (the slots just dropped) goes.
