@@ -107,6 +107,13 @@ def iter_bidaw_records(path: str | os.PathLike[str], *, limit: int | None = None
     ``limit`` stops after that many records (for tests and quick looks at a part).
     """
     spath = str(path)
+    for line_no, user, ts, q, r, rnd in _checked_lines(spath, limit):
+        yield BidawRecord(user_id=user, time=float(ts), query_tokens=q, response_tokens=r, round_index=rnd, line=line_no)
+
+
+def _checked_lines(spath: str, limit: int | None) -> Iterator[tuple[int, int, int, int, int, int]]:
+    """``(line, user, time, query, response, round)`` of each record of one file, every check applied
+    (header, fields, per-user order and totals); at most ``limit`` records."""
     last: dict[int, tuple[int, int, int]] = {}  # user -> (last round, last time, tokens so far)
     n = 0
     # surrogateescape: a byte that is not UTF-8 must become an error naming its line (_check_utf8), not a
@@ -124,7 +131,7 @@ def iter_bidaw_records(path: str | os.PathLike[str], *, limit: int | None = None
             user, ts, q, r, rnd = _parse_line(spath, line_no, text)
             _check_order(spath, line_no, last, user, ts, rnd, q + r)
             n += 1
-            yield BidawRecord(user_id=user, time=float(ts), query_tokens=q, response_tokens=r, round_index=rnd, line=line_no)
+            yield line_no, user, ts, q, r, rnd
 
 
 def _check_order(
@@ -239,31 +246,17 @@ def read_bidaw_parts(paths: Sequence[str | os.PathLike[str]], *, limit: int | No
         raise ValueError("no trace files given")
     for idx, spath in enumerate(sources):
         users, times, queries, responses, rounds, parts = cols
-        last: dict[int, tuple[int, int, int]] = {}
-        n = 0
-        with open(spath, encoding="utf-8", errors="surrogateescape") as fh:  # see iter_bidaw_records
-            header = fh.readline()
-            if not header:
-                raise InputFormatError(spath, 1, "empty file (no header)")
-            _check_header(spath, header)
-            for line_no, text in enumerate(fh, start=2):
-                if not text.strip():
-                    continue
-                if limit is not None and n >= limit:
-                    break
-                user, ts, q, r, rnd = _parse_line(spath, line_no, text)
-                _check_order(spath, line_no, last, user, ts, rnd, q + r)
-                if rnd == 0:
-                    prev_owner = owner.setdefault(user, idx)
-                    if prev_owner != idx:
-                        raise InputFormatError(spath, line_no, f"user {user} also appears in {sources[prev_owner]}")
-                users.append(user)
-                times.append(ts)
-                queries.append(q)
-                responses.append(r)
-                rounds.append(rnd)
-                parts.append(idx)
-                n += 1
+        for line_no, user, ts, q, r, rnd in _checked_lines(spath, limit):
+            if rnd == 0:
+                prev_owner = owner.setdefault(user, idx)
+                if prev_owner != idx:
+                    raise InputFormatError(spath, line_no, f"user {user} also appears in {sources[prev_owner]}")
+            users.append(user)
+            times.append(ts)
+            queries.append(q)
+            responses.append(r)
+            rounds.append(rnd)
+            parts.append(idx)
     user = np.asarray(cols[0], dtype=np.int64)
     time = np.asarray(cols[1], dtype=np.float64)
     order = np.argsort(time, kind="stable")  # per user, time order == round order (checked above)
