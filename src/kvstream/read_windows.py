@@ -54,6 +54,10 @@ class ReadWindows:
     def observe(self, tier: int, nbytes: int, busy_s: float) -> None:
         """Tier ``tier`` delivered ``nbytes`` while busy for ``busy_s`` seconds in one step (fixed: ignored)."""
 
+    def bandwidth_estimate(self, tier: int) -> float | None:
+        """The policy's current estimate of the tier's read bytes per busy second (None: none kept)."""
+        return None
+
 
 class FixedWindows(ReadWindows):
     """The configured windows, whatever the tiers' speeds (the paper's fixed per-tier in-flight depth)."""
@@ -82,6 +86,9 @@ class BandwidthBalancedWindows(ReadWindows):
         bw = nbytes / busy_s
         old = self.bandwidth[tier]
         self.bandwidth[tier] = bw if old is None else old + self.alpha * (bw - old)
+
+    def bandwidth_estimate(self, tier: int) -> float | None:
+        return self.bandwidth[tier]
 
     def window(self, tier: int) -> int:
         bws = self.bandwidth

@@ -769,7 +769,7 @@ class Store:
                 "capacity_bytes": t.cfg.capacity_bytes, "read_bytes": c.read_bytes, "read_chunks": c.read_chunks,
                 "read_busy_s": c.read_busy_s,
                 "read_window_bytes": self.read_windows.window(t.position),
-                "read_gbps_estimate": (bw / 1e9 if (bw := getattr(self.read_windows, "bandwidth", [None] * (t.position + 1))[t.position]) else None),
+                "read_gbps_estimate": (bw / 1e9 if (bw := self.read_windows.bandwidth_estimate(t.position)) else None),
                 "read_gbps": c.read_bytes / c.read_busy_s / 1e9 if c.read_busy_s else 0.0,
                 "duplicate_chunks": c.duplicate_chunks, "read_errors": c.read_errors,
                 "corrupt_chunks": c.corrupt_chunks, "missing_files": c.missing_files,
