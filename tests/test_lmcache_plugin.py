@@ -260,8 +260,9 @@ def test_read_is_one_multi_tier_batch(disk_tmp):
         tiers = plugin.store.stats()["tiers"]
         assert tiers["local"]["chunks"] == tiers["shared"]["chunks"] == len(keys), tiers  # full replication
         calls = []
-        real = plugin.store.read_chunks
-        plugin.store.read_chunks = lambda ks, **kw: (calls.append(len(ks)), real(ks, **kw))[1]
+        assert plugin._zero_copy  # the store offers get_meta + read_into: payloads land in LMCache's objects
+        real = plugin.store.read_into
+        plugin.store.read_into = lambda ks, ts, **kw: (calls.append(len(ks)), real(ks, ts, **kw))[1]
         gate = _ReadGate(plugin.store, first="shared", hold="local")
         before = plugin.store.stats()
         steps, hits = before["read_steps"], before["disk_hits"]
@@ -277,6 +278,7 @@ def test_read_is_one_multi_tier_batch(disk_tmp):
         tiers = st["tiers"]
         assert tiers["local"]["read_chunks"] > 0 and tiers["shared"]["read_chunks"] > 0, tiers
         assert st["disk_hits"] == hits + len(keys)  # one copy of each chunk used, whichever tier it came from
+        assert st["read_into_direct"] == len(keys)  # every payload read straight into its LMCache object
 
 
 # -- async lookup and prefetch --------------------------------------------------------------------------------
@@ -417,41 +419,10 @@ def test_damaged_replica_is_read_from_the_other_tier(disk_tmp):
         assert _plugin(sm).store.stats()["tiers"]["local"]["corrupt_chunks"] >= 1
 
 
-class _ReadResult:
-    def __init__(self, ok: bool, source: str) -> None:
-        self.ok, self.source = ok, source
-
-
-def _zero_copy_shim(store) -> list:
-    """The read API the plugin asks of the store (get_meta + read_into), emulated over read_chunks, checking
-    the plugin's side of the contract: 4 KiB-aligned targets, at least the payload rounded up to 4 KiB."""
-    seen = []
-
-    def get_meta(keys):
-        out = [None] * len(keys)
-        for i, c in store.read_chunks(keys):
-            if c is not None:
-                out[i] = (c.meta, len(c.payload))
-        return out
-
-    def read_into(keys, targets):
-        for i, c in store.read_chunks(keys):
-            t = targets[i]
-            addr = ctypes.addressof(ctypes.c_char.from_buffer(t))
-            assert addr % 4096 == 0 and t.ndim == 1 and not t.readonly
-            if c is None:
-                yield i, _ReadResult(False, "")
-                continue
-            assert len(t) >= (len(c.payload) + 4095) // 4096 * 4096
-            t[: len(c.payload)] = c.payload
-            seen.append(c.source)
-            yield i, _ReadResult(True, c.source)
-
-    store.get_meta, store.read_into = get_meta, read_into
-    return seen
-
-
-def test_zero_copy_read_path_when_the_store_offers_it(disk_tmp):
+@pytest.mark.parametrize("zero_copy", [True, False], ids=["read_into", "copy"])
+def test_both_read_paths_return_exact_chunks_and_miss_a_corrupt_one(disk_tmp, zero_copy):
+    """The zero-copy path (Store.get_meta + read_into, O_DIRECT into LMCache's objects) and the copying path
+    (read_chunks, then a copy) give the same answer: exact tensors up to the corrupted chunk, misses after it."""
     extra = _tiers(disk_tmp, two=False)
     with manager(extra) as sm:
         infos, refs = _chunks(sm, 4 * CHUNK + 10, seed=3)  # a partial last chunk too
@@ -462,22 +433,23 @@ def test_zero_copy_read_path_when_the_store_offers_it(disk_tmp):
     _damage(path, "corrupted")
     with manager(extra) as sm:
         plugin = _plugin(sm)
-        assert not plugin._zero_copy  # the store as it is today: the copying path
-        seen = _zero_copy_shim(plugin.store)
-        plugin._zero_copy = True
+        assert plugin._zero_copy
+        plugin._zero_copy = zero_copy
         got = sm.batched_get(keys, location=PLUGIN)
         try:
             assert [o is not None for o in got] == [True, True, True, False, False]
             assert all(torch.equal(o.tensor, r) for o, r in zip(got[:3], refs))
-            assert len(seen) == 3
         finally:
             _release(got)
+        st = plugin.store.stats()
+        assert st["read_into_direct"] == (4 if zero_copy else 0)  # 0-2 and 4 (4 is dropped after the gap)
+        assert st["tiers"]["local"]["corrupt_chunks"] == 1
         got = sm.batched_get(keys[:2] + [_chunks(sm, CHUNK, seed=9)[0][0][2]], location=PLUGIN)
         try:
             assert [o is not None for o in got] == [True, True, False]
+            assert all(torch.equal(o.tensor, r) for o, r in zip(got[:2], refs))
         finally:
             _release(got)
-
 
 # -- writes ---------------------------------------------------------------------------------------------------
 def test_put_returns_at_once_holds_references_and_close_waits(disk_tmp):

@@ -86,7 +86,14 @@ def order_for_tiers(holders: Sequence[Collection[int]], n_tiers: int) -> list[in
 
 
 class ReadSchedule(ABC):
-    """The per-step state machine; see the module docstring for the protocol."""
+    """The per-step state machine; see the module docstring for the protocol.
+
+    ``steal``: whether a tier with nothing unclaimed may re-read chunks still in flight elsewhere (meet in the
+    middle only). A driver that cannot use a second copy before the first is done (reads straight into the
+    caller's memory) turns it off.
+    """
+
+    steal: bool = False
 
     def __init__(self, holders: Sequence[Collection[int]], n_tiers: int) -> None:
         if n_tiers < 1:

@@ -30,7 +30,7 @@ import os
 import queue
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -49,7 +49,7 @@ from kvstream.format import (
     write_header,
 )
 from kvstream.health import CircuitBreaker
-from kvstream.io.buffers import AlignedBuffer
+from kvstream.io.buffers import AlignedBuffer, CallerBuffer
 from kvstream.io.engine import IOEngine, IOOp, OpKind, make_engine
 from kvstream.replication import CopyOrder, ReadObservation, WriteIntent, parse_replication
 from kvstream.read_windows import make_read_windows
@@ -57,12 +57,13 @@ from kvstream.routing import ReadSchedule, parse_router
 from kvstream.tiers.files import DirectoryTier
 from kvstream.tiers.memory import HostMemoryTier, MemEntry
 
-__all__ = ["Store", "Chunk", "open_store"]
+__all__ = ["Store", "Chunk", "ReadIntoResult", "open_store"]
 
 log = logging.getLogger("kvstream.store")
 
 _ENOENT, _ENOSPC, _EDQUOT = 2, 28, 122
 _ENFILE, _EMFILE = 23, 24  # this process (or the system) is out of file descriptors: not the tier's fault
+_META_CACHE_ENTRIES = 1 << 18  # get_meta's cache of headers seen (~40 MB at most)
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,42 +76,94 @@ class Chunk:
     source: str  # "memory" or the tier name it was read from
 
 
+@dataclass(frozen=True, slots=True)
+class ReadIntoResult:
+    """What :meth:`Store.read_into` says of one target.
+
+    ``ok``: the target holds the chunk's verified payload in ``[0, nbytes)``. ``busy``: not ok, and a read into
+    the target is still in flight on a stalled tier; the caller must leave the target alone until the store
+    calls its ``on_target_free(index)`` (only ever reported when that callback was given)."""
+
+    ok: bool
+    source: str = ""  # "memory" or the tier name; "" when not ok
+    nbytes: int = 0
+    meta: ChunkMeta | None = None
+    busy: bool = False
+    reason: str = ""  # why not ok: absent, unreadable, target_too_small, stalled
+
+
 @dataclass(eq=False, slots=True)
 class _ReadTag:
+    """One read of one chunk file on one tier: a single op into ``buf`` (a pooled or overflow buffer holding
+    the whole file), or, when ``target`` is set, a *direct* read: the header into ``buf`` (4 KiB) and the
+    payload straight into the caller's buffer, two ops on one descriptor that complete as one."""
+
     tier: int
-    idx: int  # position in the caller's key list
+    idx: int  # position in the schedule's list
     key: bytes
     buf: AlignedBuffer
     pooled: bool
     started: float
+    fd: int = -1
+    size: int = 0  # file size (bytes in flight for this read)
+    parts: int = 1  # ops not completed yet
+    result: int = 0  # bytes read over all parts, or the first -errno
+    latency: float = 0.0
+    target: CallerBuffer | None = None
+    on_free: Callable[[], None] | None = None  # run once the read is over, if it was abandoned (stalled)
 
 
 class _Step:
     """One read call's completion queue; late completions (duplicates, after the caller is done) clean up
-    after themselves instead of landing in a queue nobody reads."""
+    after themselves instead of landing in a queue nobody reads. Items are read tags whose every part is done."""
 
     def __init__(self, store: "Store") -> None:
-        self.q: queue.SimpleQueue[IOOp] = queue.SimpleQueue()
+        self.q: queue.SimpleQueue[_ReadTag] = queue.SimpleQueue()
         self.lock = threading.Lock()
         self.done = False
         self.store = store
 
     def on_complete(self, op: IOOp) -> None:
+        tag: _ReadTag = op.tag
         with self.lock:
-            if not self.done:
-                self.q.put(op)
+            tag.parts -= 1
+            if tag.result >= 0:
+                tag.result = op.result if op.result < 0 else tag.result + op.result
+            tag.latency = max(tag.latency, op.completed_at - op.submitted_at)
+            if tag.parts:
                 return
-        self.store._discard_read(op)
+            if not self.done:
+                self.q.put(tag)
+                return
+        self.store._discard_read(tag)
+
+    def abandon(self, tag: _ReadTag, on_free: Callable[[], None]) -> bool:
+        """Hand a read still in flight to ``on_free``-on-completion; False if it has completed meanwhile."""
+        with self.lock:
+            if tag.parts == 0:
+                return False
+            tag.on_free = on_free
+            return True
+
+    def wait_over(self, tag: _ReadTag) -> None:
+        """Block until every part of ``tag`` has completed (its completion is then in the queue)."""
+        pause = 0.0002
+        while True:
+            with self.lock:
+                if tag.parts == 0:
+                    return
+            time.sleep(pause)
+            pause = min(2 * pause, 0.01)
 
     def finish(self) -> None:
         with self.lock:
             self.done = True
         while True:
             try:
-                op = self.q.get_nowait()
+                tag = self.q.get_nowait()
             except queue.Empty:
                 return
-            self.store._discard_read(op)
+            self.store._discard_read(tag)
 
 
 @dataclass(eq=False, slots=True)
@@ -180,7 +233,11 @@ class Store:
             "get_chunks": 0, "memory_hits": 0, "disk_hits": 0, "misses": 0, "lost_chunks": 0,
             "read_steps": 0, "read_seconds": 0.0, "verify_seconds": 0.0, "hedged_reads": 0,
             "copies_ordered": 0, "flushes": 0, "stalled_reads": 0,
+            "read_into_direct": 0, "read_into_copied": 0, "read_into_abandoned": 0,
         }
+        # Headers seen by this process (puts, reads), for get_meta without a disk read: bounded, oldest dropped.
+        self._metas: dict[bytes, tuple[ChunkMeta, int]] = {}
+        self._meta_intern: dict[ChunkMeta, ChunkMeta] = {}  # one ChunkMeta object per distinct shape
 
     # -- lifecycle ------------------------------------------------------------------------------------------
     def __enter__(self) -> "Store":
@@ -298,6 +355,7 @@ class Store:
         header = decode_header(mv[:HEADER_BYTES])
         del mv
         entry = MemEntry(key=key, buf=buf, header=header, position=position)
+        self._remember_meta(header)
         with self._lock:
             if self.memory.insert(entry, dirty=True) is not entry:  # another thread put it first
                 self._c["puts_duplicate"] += 1
@@ -463,15 +521,29 @@ class Store:
         """Like :meth:`read_iter`, with each chunk's header metadata and source. Every index is yielded once."""
         self._check_open()
         t_start = time.perf_counter()
+        hits, disk_idx, holders, misses = self._plan_read(keys, metas)
+        for i, e in hits:
+            yield i, Chunk(key=keys[i], meta=e.header.meta, payload=e.payload(), source="memory")
+        if disk_idx:
+            yield from self._read_from_disk(keys, disk_idx, holders, misses, metas)
+        for i in misses:
+            self._c["misses"] += 1
+            yield i, None
+        self._c["read_seconds"] += time.perf_counter() - t_start
+
+    def _plan_read(self, keys: Sequence[bytes], metas: Sequence[AccessMeta | None] | None
+                   ) -> tuple[list[tuple[int, MemEntry]], list[int], list[list[int]], list[int]]:
+        """Split a step's keys into memory hits, chunks to read (with the usable tiers holding each) and misses."""
         now = time.monotonic()
-        misses: list[int] = []
+        hits: list[tuple[int, MemEntry]] = []
         disk_idx: list[int] = []
         holders: list[list[int]] = []
+        misses: list[int] = []
         for i, key in enumerate(keys):
             e = self.memory.get(key, meta=metas[i] if metas else None)
             if e is not None:
                 self._c["memory_hits"] += 1
-                yield i, Chunk(key=key, meta=e.header.meta, payload=e.payload(), source="memory")
+                hits.append((i, e))
                 continue
             hs = self._holders(key, now)
             if not hs:
@@ -484,18 +556,155 @@ class Store:
             else:
                 misses.append(i)
         self._c["get_chunks"] += len(keys)
-        if disk_idx:
-            yield from self._read_from_disk(keys, disk_idx, holders, misses, metas)
-        for i in misses:
-            self._c["misses"] += 1
-            yield i, None
-        self._c["read_seconds"] += time.perf_counter() - t_start
+        return hits, disk_idx, holders, misses
+
+    def get_meta(self, keys: Sequence[bytes]) -> list[tuple[ChunkMeta, int] | None]:
+        """Each chunk's ``(meta, payload_len)`` as its header says, or None where the store does not hold it
+        (or its header cannot be read intact). What a caller needs to size the targets of :meth:`read_into`.
+
+        Answered from host memory, from headers seen by this process (puts and reads), or else by reading the
+        4 KiB headers from a tier that holds them (once per chunk after a restart)."""
+        self._check_open()
+        out: list[tuple[ChunkMeta, int] | None] = [None] * len(keys)
+        now = time.monotonic()
+        unknown: list[tuple[int, list[int]]] = []
+        for i, key in enumerate(keys):
+            e = self.memory.peek(key)
+            if e is not None:
+                out[i] = (e.header.meta, e.header.payload_len)
+                continue
+            hs = self._holders(key, now)
+            if not hs:
+                continue
+            known = self._metas.get(key)
+            if known is not None:
+                out[i] = known
+            else:
+                unknown.append((i, hs))
+        if unknown:
+            self._read_headers(keys, unknown, out)
+        return out
+
+    def _remember_meta(self, header: ChunkHeader) -> None:
+        metas = self._metas
+        if len(metas) >= _META_CACHE_ENTRIES:
+            try:
+                metas.pop(next(iter(metas)))  # oldest first: a bounded cache, not a record
+            except (KeyError, RuntimeError, StopIteration):  # another thread trimmed it at the same moment
+                pass
+        meta = self._meta_intern.setdefault(header.meta, header.meta) if len(self._meta_intern) < 4096 else header.meta
+        metas[header.key] = (meta, header.payload_len)
+
+    def _read_headers(self, keys: Sequence[bytes], unknown: list[tuple[int, list[int]]],
+                      out: list[tuple[ChunkMeta, int] | None]) -> None:
+        """Read the headers of ``unknown`` chunks (one 4 KiB read each, all at once; the next holder if one fails)."""
+        pending = [(i, list(hs)) for i, hs in unknown]
+        while pending:
+            done: queue.SimpleQueue[IOOp] = queue.SimpleQueue()
+            submitted: list[tuple[int, list[int], IOOp]] = []
+            for i, hs in pending:
+                while hs:
+                    t = hs.pop(0)
+                    try:
+                        opened = self.tiers[t].open_for_read(keys[i])
+                    except TierError:
+                        continue
+                    if opened is None:
+                        continue
+                    buf, pooled = self.memory.allocate_or_overflow(HEADER_BYTES)
+                    op = IOOp(kind=OpKind.READ, fd=opened[0], buf=buf, length=HEADER_BYTES, offset=0,
+                              callback=done.put, tag=(t, pooled))
+                    submitted.append((i, hs, op))
+                    self.tiers[t].read_ring.submit([op])
+                    break
+            pending = []
+            for _ in submitted:
+                op = done.get()
+                os.close(op.fd)
+                i, hs = next((i, hs) for i, hs, o in submitted if o is op)
+                t, pooled = op.tag
+                tier = self.tiers[t]
+                try:
+                    if op.result < 0:  # as a failed read in a step: a missing file is dropped, EIO counts
+                        if -op.result == _ENOENT:
+                            tier.counters.missing_files += 1
+                            tier.drop(keys[i], unlink=False)
+                        else:
+                            tier.counters.read_errors += 1
+                            self.health[t].on_failure(time.monotonic())
+                            log.warning("tier %s: header read of %s failed: %s", tier.name, tier.relpath(keys[i]),
+                                        os.strerror(-op.result))
+                    else:
+                        view = op.buf.view(0, op.result)
+                        try:
+                            header = decode_header(view, where=f"{tier.name}:{tier.relpath(keys[i])}",
+                                                   expect_key=keys[i])
+                        finally:
+                            view.release()
+                        self._remember_meta(header)
+                        out[i] = (header.meta, header.payload_len)
+                except CorruptChunkError as exc:
+                    tier.quarantine(keys[i], exc.reason)
+                finally:
+                    self.memory.release(op.buf, pooled)
+                if out[i] is None and hs:
+                    pending.append((i, hs))
+
+    def read_into(self, keys: Sequence[bytes], targets: Sequence[Any], *,
+                  on_target_free: Callable[[int], None] | None = None) -> Iterator[tuple[int, ReadIntoResult]]:
+        """Read a step straight into the caller's buffers: ``targets[i]`` (writable, C-contiguous) receives chunk
+        ``i``'s payload. Yields ``(i, ReadIntoResult)`` once for every index, as each lands (memory hits
+        first, misses last).
+
+        A target whose address is 4 KiB-aligned and that holds the payload rounded up to 4 KiB (see
+        :meth:`get_meta`) is read with O_DIRECT into place (no copy, no host-memory copy kept); any other is
+        read through a pooled buffer and copied. The payload is verified in the target before it is reported.
+
+        Invariant: a read into a target cannot be taken back, so a target is reported only once no read into
+        it is still in flight, and the generator ends only when none is: a second copy (a hedged read of a
+        stalled tier) goes to a pooled buffer, and if it wins it is used only after the first read is over
+        (its bytes are copied in if the first read failed). The one exception: when everything else is done
+        and a read into a target is stuck past ``hedge_after_s``, and ``on_target_free`` is given, that target
+        is reported ``busy`` (not ok) and ``on_target_free(i)`` is called, on some store thread, once the
+        stuck read is over; without the callback the call waits for it.
+        """
+        self._check_open()
+        if len(targets) != len(keys):
+            raise UsageError(f"read_into: {len(keys)} keys but {len(targets)} targets")
+        t_start = time.perf_counter()
+        bufs = [CallerBuffer(t) for t in targets]
+        try:
+            hits, disk_idx, holders, absent = self._plan_read(keys, None)
+            for i, e in hits:
+                n = e.header.payload_len
+                if n > bufs[i].capacity:
+                    yield i, ReadIntoResult(ok=False, reason="target_too_small")
+                    continue
+                bufs[i].view(0, n)[:] = e.payload()
+                yield i, ReadIntoResult(ok=True, source="memory", nbytes=n, meta=e.header.meta)
+            lost: list[int] = []
+            if disk_idx:
+                yield from self._read_from_disk(keys, disk_idx, holders, lost, None,
+                                                targets=[bufs[i] for i in disk_idx], on_target_free=on_target_free)
+            for reason, idx in (("unreadable", lost), ("absent", absent)):
+                for i in idx:
+                    self._c["misses"] += 1
+                    yield i, ReadIntoResult(ok=False, reason=reason)
+        finally:
+            for b in bufs:
+                b.release()
+            self._c["read_seconds"] += time.perf_counter() - t_start
 
     def _read_from_disk(self, keys: Sequence[bytes], disk_idx: list[int], holders: list[list[int]],
-                        misses: list[int], metas: Sequence[AccessMeta | None] | None
-                        ) -> Iterator[tuple[int, Chunk | None]]:
+                        misses: list[int], metas: Sequence[AccessMeta | None] | None,
+                        targets: list[CallerBuffer] | None = None,
+                        on_target_free: Callable[[int], None] | None = None) -> Iterator[tuple[int, Any]]:
+        """The step's disk reads. Without ``targets`` yields ``(i, Chunk)``; with them (read_into) yields
+        ``(i, ReadIntoResult)`` for every chunk not in ``misses``. Indices in ``misses`` are left to the caller."""
         n_t = len(self.tiers)
         sched: ReadSchedule = self.router.schedule(holders, n_t)
+        if targets is not None:
+            sched.steal = False  # a stolen copy could not be used before the first read into the target is over
         step = _Step(self)
         inflight_bytes = [0] * n_t
         inflight_ops: list[dict[int, _ReadTag]] = [{} for _ in range(n_t)]
@@ -504,6 +713,8 @@ class Store:
         tier_bytes = [0] * n_t
         budget = self.read_windows.windows()
         hedge_after = self.config.hedge_after_s
+        direct_inflight: dict[int, _ReadTag] = {}  # j -> the read writing into targets[j]
+        deferred: dict[int, tuple[_ReadTag, ChunkHeader]] = {}  # j -> a won second copy waiting for that read
         self._c["read_steps"] += 1
         if hedge_after:
             self._count_stragglers(hedge_after)
@@ -533,10 +744,23 @@ class Store:
                     sched.on_failed(t, j)
                     continue
                 fd, size = opened
-                buf, pooled = self.memory.allocate_or_overflow(size)
-                tag = _ReadTag(tier=t, idx=j, key=keys[i], buf=buf, pooled=pooled, started=time.monotonic())
-                ops.append(IOOp(kind=OpKind.READ, fd=fd, buf=buf, length=size, offset=0,
-                                callback=step.on_complete, tag=tag))
+                target = targets[j] if targets is not None else None
+                if (target is not None and target.direct_ok and j not in direct_inflight
+                        and HEADER_BYTES < size <= HEADER_BYTES + target.capacity):
+                    buf, pooled = self.memory.allocate_or_overflow(HEADER_BYTES)
+                    tag = _ReadTag(tier=t, idx=j, key=keys[i], buf=buf, pooled=pooled, started=time.monotonic(),
+                                   fd=fd, size=size, parts=2, target=target)
+                    ops.append(IOOp(kind=OpKind.READ, fd=fd, buf=buf, length=HEADER_BYTES, offset=0,
+                                    callback=step.on_complete, tag=tag))
+                    ops.append(IOOp(kind=OpKind.READ, fd=fd, buf=target, length=size - HEADER_BYTES,  # type: ignore[arg-type]
+                                    offset=HEADER_BYTES, callback=step.on_complete, tag=tag))
+                    direct_inflight[j] = tag
+                else:
+                    buf, pooled = self.memory.allocate_or_overflow(size)
+                    tag = _ReadTag(tier=t, idx=j, key=keys[i], buf=buf, pooled=pooled, started=time.monotonic(),
+                                   fd=fd, size=size)
+                    ops.append(IOOp(kind=OpKind.READ, fd=fd, buf=buf, length=size, offset=0,
+                                    callback=step.on_complete, tag=tag))
                 inflight_bytes[t] += size
                 inflight_ops[t][j] = tag
             if ops:
@@ -544,58 +768,110 @@ class Store:
                     busy_since[t] = time.monotonic()
                 tier.read_ring.submit(ops)
 
+        def deliver_copy(tag: _ReadTag, header: ChunkHeader) -> ReadIntoResult:
+            """A pooled copy that won: into the target (read_into), kept in host memory if pooled."""
+            j, n = tag.idx, header.payload_len
+            target = targets[j]  # type: ignore[index]
+            if n > target.capacity:
+                self._release_tag(tag)
+                return ReadIntoResult(ok=False, reason="target_too_small")
+            target.view(0, n)[:] = tag.buf.view(HEADER_BYTES, HEADER_BYTES + n)
+            self._c["read_into_copied"] += 1
+            if tag.pooled:
+                self.memory.insert(MemEntry(key=tag.key, buf=tag.buf, header=header), dirty=False)
+            else:
+                self._release_tag(tag)
+            return ReadIntoResult(ok=True, source=self.tiers[tag.tier].name, nbytes=n, meta=header.meta)
+
         try:
             for t in range(n_t):
                 fill(t)
-            while not sched.finished:
+            while not sched.finished or deferred:
                 try:
-                    op = step.q.get(timeout=hedge_after if hedge_after else 0.5)
+                    tag = step.q.get(timeout=hedge_after if hedge_after else 0.5)
                 except queue.Empty:
                     self._hedge(sched, inflight_ops, hedge_after, submit)
+                    if deferred and on_target_free is not None and hedge_after and sched.finished:
+                        yield from self._abandon_stuck(step, deferred, direct_inflight, hedge_after, disk_idx,
+                                                       on_target_free)
                     if not any(inflight_ops):  # nothing in flight and not finished: claims were all refused
                         for t in range(n_t):
                             fill(t)
                         if not any(inflight_ops):
                             break
                     continue
-                tag: _ReadTag = op.tag
                 t, j = tag.tier, tag.idx
-                os.close(op.fd)
-                inflight_bytes[t] -= op.length
+                os.close(tag.fd)
+                inflight_bytes[t] -= tag.size
                 inflight_ops[t].pop(j, None)
                 if not inflight_ops[t] and busy_since[t] is not None:
                     busy[t] += time.monotonic() - busy_since[t]
                     busy_since[t] = None
+                if tag.on_free is not None:  # abandoned (reported busy) and over now: free the target
+                    self._discard_read(tag, fd_closed=True)
+                    continue
+                if tag.target is not None:
+                    direct_inflight.pop(j, None)
                 fill(t)  # refill before verifying, so the device is never idle while we hash
-                chunk = self._verify_read(op, tag)
+                chunk = self._verify_read(tag)
                 if chunk is None:
                     sched.on_failed(t, j)
                     self._release_tag(tag)
+                    if j in deferred:  # the first read into the target failed; the won copy is good
+                        yield disk_idx[j], deliver_copy(*deferred.pop(j))
                     for u in range(n_t):  # a retry may now be claimable by another tier
                         fill(u)
                     continue
-                tier_bytes[t] += op.length
+                header = chunk[0]
+                tier_bytes[t] += tag.size
                 landed_first = sched.on_landed(t, j)
                 # The refill above ran while j still counted as this tier's in-flight read; a tier whose last
                 # read was a stolen chunk could not steal the next one then (one stolen batch at a time).
                 fill(t)
-                if landed_first:
+                if targets is not None:
+                    if tag.target is not None and (landed_first or j in deferred):
+                        if j in deferred:  # both copies good: keep the one already in place
+                            self._release_tag(deferred.pop(j)[0])
+                        else:
+                            self._c["disk_hits"] += 1
+                        self._release_tag(tag)
+                        self._c["read_into_direct"] += 1
+                        self.tiers[t].on_hit(tag.key)
+                        yield disk_idx[j], ReadIntoResult(ok=True, source=self.tiers[t].name,
+                                                          nbytes=header.payload_len, meta=header.meta)
+                    elif landed_first:
+                        self._c["disk_hits"] += 1
+                        self.tiers[t].on_hit(tag.key)
+                        if j in direct_inflight:  # the target is still being written: wait for that read
+                            deferred[j] = (tag, header)
+                        else:
+                            yield disk_idx[j], deliver_copy(tag, header)
+                    else:
+                        self.tiers[t].counters.duplicate_chunks += 1
+                        self._release_tag(tag)
+                elif landed_first:
                     self._c["disk_hits"] += 1
                     entry = None
                     if tag.pooled:
                         meta = metas[disk_idx[j]] if metas else None
-                        entry = self.memory.insert(MemEntry(key=tag.key, buf=tag.buf, header=chunk[0]), dirty=False,
+                        entry = self.memory.insert(MemEntry(key=tag.key, buf=tag.buf, header=header), dirty=False,
                                                    meta=meta)
                         payload = entry.payload()
                     else:
-                        payload = tag.buf.readonly(HEADER_BYTES, HEADER_BYTES + chunk[0].payload_len)
+                        payload = tag.buf.readonly(HEADER_BYTES, HEADER_BYTES + header.payload_len)
                     self.tiers[t].on_hit(tag.key)
-                    yield disk_idx[j], Chunk(key=tag.key, meta=chunk[0].meta, payload=payload,
+                    yield disk_idx[j], Chunk(key=tag.key, meta=header.meta, payload=payload,
                                              source=self.tiers[t].name)
                 else:
                     self.tiers[t].counters.duplicate_chunks += 1
                     self._release_tag(tag)
         finally:
+            for tag, _ in deferred.values():  # the caller stopped early: nobody will use these
+                self._release_tag(tag)
+            # A caller that stops early (or an error) gets its targets back only once nothing writes into them.
+            for tag in direct_inflight.values():
+                if tag.on_free is None:
+                    step.wait_over(tag)
             # Register leftovers before finish(): any that completed meanwhile are drained by finish() through
             # _discard_read, which unregisters them.
             with self._straggler_lock:
@@ -612,6 +888,22 @@ class Store:
             self._c["lost_chunks"] += 1
             misses.append(disk_idx[j])
         self._after_read([keys[i] for i in disk_idx], holders, tier_bytes, busy)
+
+    def _abandon_stuck(self, step: _Step, deferred: dict[int, tuple[_ReadTag, ChunkHeader]],
+                       direct_inflight: dict[int, _ReadTag], hedge_after: float, disk_idx: list[int],
+                       on_target_free: Callable[[int], None]) -> Iterator[tuple[int, ReadIntoResult]]:
+        """Everything else is done and reads into some targets are stuck: report those targets busy and let
+        the stuck reads free them when they end (see :meth:`read_into`)."""
+        now = time.monotonic()
+        for j in list(deferred):
+            tag = direct_inflight.get(j)
+            if tag is None or now - tag.started <= hedge_after:
+                continue
+            i = disk_idx[j]
+            if step.abandon(tag, lambda i=i: on_target_free(i)):
+                self._release_tag(deferred.pop(j)[0])
+                self._c["read_into_abandoned"] += 1
+                yield i, ReadIntoResult(ok=False, busy=True, reason="stalled")
 
     def _hedge(self, sched: ReadSchedule, inflight_ops: list[dict[int, _ReadTag]], hedge_after: float | None,
                submit: Any) -> None:
@@ -630,29 +922,36 @@ class Store:
                         self._c["hedged_reads"] += len(again)
                         submit(u, again)
 
-    def _verify_read(self, op: IOOp, tag: _ReadTag) -> tuple[ChunkHeader] | None:
-        """Check a landed read; on failure quarantine or count it and return None."""
+    def _verify_read(self, tag: _ReadTag) -> tuple[ChunkHeader] | None:
+        """Check a landed read (header, key, length, checksum: in the caller's target for a direct read); on
+        failure quarantine or count it and return None."""
         tier = self.tiers[tag.tier]
         where = f"{tier.name}:{tier.relpath(tag.key)}"
-        latency = op.completed_at - op.submitted_at
-        if op.result < 0:
-            if -op.result == _ENOENT:
+        if tag.result < 0:
+            if -tag.result == _ENOENT:
                 tier.counters.missing_files += 1
                 tier.drop(tag.key, unlink=False)
             else:
                 tier.counters.read_errors += 1
                 self.health[tag.tier].on_failure(time.monotonic())
-                log.warning("tier %s: read of %s failed: %s", tier.name, where, os.strerror(-op.result))
+                log.warning("tier %s: read of %s failed: %s", tier.name, where, os.strerror(-tag.result))
             return None
         t0 = time.perf_counter()
         try:
-            view = tag.buf.view(0, op.result)
+            view = tag.buf.view(0, min(tag.result, HEADER_BYTES) if tag.target is not None else tag.result)
             try:
                 header = decode_header(view[:HEADER_BYTES], where=where, expect_key=tag.key)
-                if op.result < header.file_size:
-                    raise CorruptChunkError(where, f"truncated file ({op.result} of {header.file_size} B)")
+                if tag.result < header.file_size:
+                    raise CorruptChunkError(where, f"truncated file ({tag.result} of {header.file_size} B)")
                 if self.config.verify_reads:
-                    verify_payload(header, view[HEADER_BYTES : HEADER_BYTES + header.payload_len], where=where)
+                    if tag.target is not None:
+                        payload = tag.target.view(0, header.payload_len)
+                    else:
+                        payload = view[HEADER_BYTES : HEADER_BYTES + header.payload_len]
+                    try:
+                        verify_payload(header, payload, where=where)
+                    finally:
+                        payload.release()
             finally:
                 view.release()
         except CorruptChunkError as exc:
@@ -661,32 +960,40 @@ class Store:
         finally:
             self._c["verify_seconds"] += time.perf_counter() - t0
         c = tier.counters
-        c.read_bytes += op.result
+        c.read_bytes += tag.result
         c.read_chunks += 1
-        c.note_latency(latency)
+        c.note_latency(tag.latency)
         self.health[tag.tier].on_success()
+        if header.key not in self._metas:
+            self._remember_meta(header)
         return (header,)
 
     def _release_tag(self, tag: _ReadTag) -> None:
         self.memory.release(tag.buf, tag.pooled)
 
-    def _discard_read(self, op: IOOp) -> None:
-        """A read that completed after its step was over (a duplicate, or the caller stopped early)."""
-        try:
-            os.close(op.fd)
-        except OSError:
-            pass
-        tag: _ReadTag = op.tag
+    def _discard_read(self, tag: _ReadTag, *, fd_closed: bool = False) -> None:
+        """A read that completed after its step was over (a duplicate, a stalled read, or the caller stopped
+        early), or an abandoned read into a caller's target: clean up and, for the latter, free the target."""
+        if not fd_closed:
+            try:
+                os.close(tag.fd)
+            except OSError:
+                pass
         with self._straggler_lock:
             self._stragglers[tag.tier].pop(id(tag), None)
-        if op.result > 0:
+        if tag.result > 0:
             self.tiers[tag.tier].counters.duplicate_chunks += 1
-        elif op.result < 0 and -op.result != _ENOENT:
+        elif tag.result < 0 and -tag.result != _ENOENT:
             # Nobody waited for this read (the other replica won), but the tier still failed it: the breaker
             # must hear of it, or a tier that only ever loses races would never be taken out.
             self.tiers[tag.tier].counters.read_errors += 1
             self.health[tag.tier].on_failure(time.monotonic())
         self._release_tag(tag)
+        if tag.on_free is not None:
+            try:
+                tag.on_free()
+            except Exception:  # the caller's callback must not break a ring thread
+                log.exception("read_into: on_target_free raised")
 
     def _count_stragglers(self, hedge_after: float) -> None:
         """Leftover reads older than ``hedge_after`` are one failure of their tier per step, however many there are
@@ -739,6 +1046,7 @@ class Store:
             if cancelled:
                 self._pending = [pw for pw in self._pending if pw.entry.key != key]
             self.memory.discard(key)
+            self._metas.pop(key, None)
             for pw in cancelled:
                 self.memory.mark_clean(pw.entry)  # the put's own dirty mark, never taken by flush()
         for t in self.tiers:

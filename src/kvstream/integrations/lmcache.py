@@ -379,38 +379,44 @@ class KVStreamBackend(StoragePluginInterface):
         n = len(skeys)
         out: list[Optional[MemoryObj]] = [None] * n
         targets: list[MemoryObj] = []
+        busy: set[int] = set()
         try:
-            metas = self.store.get_meta(skeys)
+            held = self.store.lookup(skeys)
+            self.metrics.missed("absent", n - held)
+            metas = self.store.get_meta(skeys[:held])
             for i, m in enumerate(metas):
-                if m is None:
-                    self.metrics.missed("absent", n - i)
+                if m is None:  # held, but its header could not be read intact (the file is gone or damaged)
+                    self.metrics.missed("unreadable", held - i)
                     break
                 meta, payload_len = m
                 dtype, fmt = _torch_dtype(meta.dtype), _memory_format(meta.fmt)
                 if dtype is None or fmt is None or not meta.shape or math.prod(meta.shape) * dtype.itemsize != payload_len:
-                    self.metrics.missed("foreign_chunk", n - i)
+                    self.metrics.missed("foreign_chunk", held - i)
                     break
                 obj = self.local_cpu_backend.allocate(torch.Size(meta.shape), dtype, fmt, eviction=True,
                                                       busy_loop=False)
                 if obj is None:
-                    self.metrics.missed("no_cpu_memory", n - i)
+                    self.metrics.missed("no_cpu_memory", held - i)
                     break
                 targets.append(obj)
             if targets:
                 # yields (index, result) as each chunk lands; result.ok, result.source (tier or "memory")
-                for i, res in self.store.read_into(skeys[: len(targets)], [_physical_view(o) for o in targets]):
+                for i, res in self.store.read_into(skeys[: len(targets)], [_physical_view(o) for o in targets],
+                                                   on_target_free=lambda i: targets[i].ref_count_down()):
                     if res.ok:
                         out[i] = targets[i]
                         self.metrics.chunk_landed(str(res.source), targets[i].get_size(),
                                                   time.perf_counter() - t0)
                     else:
-                        self.metrics.missed("unreadable")
+                        if res.busy:  # a stalled read still writes into it: the store releases it when done
+                            busy.add(i)
+                        self.metrics.missed(res.reason or "unreadable")
         except BaseException as exc:
-            _release_all(targets)
+            _release_all([o for i, o in enumerate(targets) if i not in busy])
             if isinstance(exc, StoreClosedError):
                 return [None] * n
             raise
-        _release_all([o for i, o in enumerate(targets) if out[i] is None])
+        _release_all([o for i, o in enumerate(targets) if out[i] is None and i not in busy])
         return out
 
     def get_blocking(self, key: CacheEngineKey) -> Optional[MemoryObj]:

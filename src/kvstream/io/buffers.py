@@ -35,7 +35,7 @@ import sys
 import threading
 from collections import defaultdict
 
-__all__ = ["ALIGN", "HUGE_PAGE", "HUGEPAGES", "SLAB_MIN", "AlignedBuffer", "BufferPool", "round_up"]
+__all__ = ["ALIGN", "HUGE_PAGE", "HUGEPAGES", "SLAB_MIN", "AlignedBuffer", "BufferPool", "CallerBuffer", "round_up"]
 
 ALIGN = 4096  # O_DIRECT alignment used everywhere: file offsets, lengths and buffer addresses
 
@@ -176,6 +176,53 @@ class AlignedBuffer:
     def __repr__(self) -> str:
         slab = ", slab" if self._slab is not None else ""
         return f"AlignedBuffer({self.capacity} B @ {self.address:#x}{', huge pages' if self.hugepages else ''}{slab})"
+
+
+class CallerBuffer:
+    """A caller's writable buffer presented to the rings like an :class:`AlignedBuffer` (``address``,
+    ``capacity``, ``view``), so a read can land in memory the store does not own (``Store.read_into``).
+
+    It holds an export of the caller's buffer for its lifetime (the memory cannot be resized or freed through
+    Python while a read may still write into it); :meth:`release` drops it. ``direct_ok`` says whether the
+    buffer is aligned for O_DIRECT (4 KiB address); the store reads an unaligned one through a bounce buffer.
+    """
+
+    __slots__ = ("_mv", "_anchor", "address", "capacity")
+
+    def __init__(self, target: object) -> None:
+        mv = memoryview(target)  # type: ignore[arg-type]
+        if mv.readonly:
+            raise ValueError("read target must be writable")
+        if not mv.c_contiguous:
+            raise ValueError("read target must be C-contiguous")
+        mv = mv.cast("B") if mv.format != "B" or mv.ndim != 1 else mv
+        self._mv = mv
+        self.capacity = len(mv)
+        if self.capacity:
+            self._anchor = ctypes.c_char.from_buffer(mv)
+            self.address = ctypes.addressof(self._anchor)
+        else:
+            self._anchor, self.address = None, 0
+
+    @property
+    def direct_ok(self) -> bool:
+        return self.capacity > 0 and self.address % ALIGN == 0
+
+    def view(self, start: int = 0, stop: int | None = None) -> memoryview:
+        return self._mv[start:stop]
+
+    def readonly(self, start: int = 0, stop: int | None = None) -> memoryview:
+        return self._mv[start:stop].toreadonly()
+
+    def release(self) -> None:
+        self._anchor = None
+        self._mv.release()
+
+    def __len__(self) -> int:
+        return self.capacity
+
+    def __repr__(self) -> str:
+        return f"CallerBuffer({self.capacity} B @ {self.address:#x})"
 
 
 def _slab_bytes(slot_bytes: int, limit: int | None = None) -> int:
