@@ -215,7 +215,8 @@ def build_systems(args: argparse.Namespace, root: Path, shared: Path | None, met
         cfile.write_text(yaml.safe_dump(conf))
         extra = {f"storage_plugin.{PLUGIN}.module_path": "kvstream.integrations.lmcache",
                  f"storage_plugin.{PLUGIN}.class_name": "KVStreamBackend",
-                 "kvstream.config_file": str(cfile), "kvstream.load_threads": 8}
+                 "kvstream.config_file": str(cfile), "kvstream.load_threads": 8,
+                 "kvstream.read_into": args.read_path == "into"}
         sm = _manager(extra, meta, cpu_gb, storage_plugins=[PLUGIN])
         if PLUGIN not in sm.storage_backends:
             sm.close()
@@ -224,7 +225,7 @@ def build_systems(args: argparse.Namespace, root: Path, shared: Path | None, met
         return System(name, sm, PLUGIN, "kvstream",
                       notes=f"router {args.router}, inflight {read_budget >> 20} MiB, read_windows "
                             f"{store.config.read_windows}, huge-page buffers {'on' if _buffers.HUGEPAGES else 'off'}, "
-                            f"verify_reads {store.config.verify_reads}")
+                            f"verify_reads {store.config.verify_reads}, read path {args.read_path}")
 
     systems.append(kvs("kvstream-1", [("local", root / "kvs1")]))
     if shared is not None:
@@ -669,6 +670,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--inflight-mib", type=int, default=32,
                    help="kvstream read bytes in flight per tier (the store's default; at least one chunk)")
     p.add_argument("--no-async", action="store_true")
+    p.add_argument("--read-path", choices=["into", "copy"], default="into",
+                   help="plugin reads: into = Store.read_into (O_DIRECT into LMCache's objects, the default); "
+                        "copy = Store.read_chunks, then a copy")
     p.add_argument("--drop-caches", choices=["1", "3"], default="1",
                    help="what to drop before each run: 1 = page cache (default), 3 = also dentries and inodes")
     p.add_argument("--json", default=None, help="write the results here")

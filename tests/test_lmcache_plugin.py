@@ -278,7 +278,8 @@ def test_read_is_one_multi_tier_batch(disk_tmp):
         tiers = st["tiers"]
         assert tiers["local"]["read_chunks"] > 0 and tiers["shared"]["read_chunks"] > 0, tiers
         assert st["disk_hits"] == hits + len(keys)  # one copy of each chunk used, whichever tier it came from
-        assert st["read_into_direct"] == len(keys)  # every payload read straight into its LMCache object
+        # the fast tier's chunks were read straight into their LMCache objects, the other tier's copied in
+        assert st["read_into_direct"] > 0 and st["read_into_direct"] + st["read_into_copied"] == len(keys)
 
 
 # -- async lookup and prefetch --------------------------------------------------------------------------------

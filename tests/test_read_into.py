@@ -83,10 +83,29 @@ def test_read_into_aligned_targets_reads_in_place(disk_tmp, engine):
         assert sorted(results) == list(range(len(keys)))
         assert all(r.ok and r.source in ("local", "shared") for r in results.values())
         assert check(results, keys, data, targets) == 0
-        assert st["read_into_direct"] - before["read_into_direct"] == len(keys)
-        assert st["read_into_copied"] == 0
-        assert st["memory"]["chunks"] == before["memory"]["chunks"]  # nothing kept twice: the caller owns it
-        assert st["tiers"]["local"]["duplicate_chunks"] + st["tiers"]["shared"]["duplicate_chunks"] == 0
+        # The fastest tier (local, until measured) reads in place; the shared tier's chunks are copied in.
+        direct, copied = st["read_into_direct"], st["read_into_copied"]
+        assert direct + copied == len(keys) and direct >= 1
+        assert direct == sum(r.source == "local" for r in results.values())
+        # nothing kept twice: only the copied chunks' pooled buffers stay in host memory
+        assert st["memory"]["chunks"] - before["memory"]["chunks"] == copied
+
+
+@pytest.mark.parametrize("engine", engines())
+def test_read_into_one_tier_reads_everything_in_place(disk_tmp, engine):
+    cfg = config(disk_tmp, engine, two=False)
+    data = make_data(12)
+    keys = list(data)
+    populate(cfg, data)
+    with kvstream.open_store(cfg) as s:
+        metas = s.get_meta(keys)
+        _, targets = aligned_targets([m[1] for m in metas])
+        results = dict(s.read_into(keys, targets))
+        assert all(r.ok and r.source == "local" for r in results.values())
+        assert check(results, keys, data, targets) == 0
+        st = s.stats()
+        assert st["read_into_direct"] == len(keys) and st["read_into_copied"] == 0
+        assert st["memory"]["chunks"] == 0
 
 
 def test_unaligned_or_small_targets_go_through_a_pooled_buffer(disk_tmp):

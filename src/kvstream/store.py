@@ -657,13 +657,14 @@ class Store:
         first, misses last).
 
         A target whose address is 4 KiB-aligned and that holds the payload rounded up to 4 KiB (see
-        :meth:`get_meta`) is read with O_DIRECT into place (no copy, no host-memory copy kept); any other is
-        read through a pooled buffer and copied. The payload is verified in the target before it is reported.
+        :meth:`get_meta`) is read with O_DIRECT into place (no copy, no host-memory copy kept) when the
+        fastest tier reads it; any other read goes through a pooled buffer and is copied in. The payload is
+        verified in the target before it is reported.
 
         Invariant: a read into a target cannot be taken back, so a target is reported only once no read into
-        it is still in flight, and the generator ends only when none is: a second copy (a hedged read of a
-        stalled tier) goes to a pooled buffer, and if it wins it is used only after the first read is over
-        (its bytes are copied in if the first read failed). The one exception: when everything else is done
+        it is still in flight, and the generator ends only when none is: a second copy (a steal, or a hedged
+        read of a stalled tier) never goes into a target another read is writing; if it wins, it is used
+        only after that read is over (copied in if that read failed). The one exception: when everything else is done
         and a read into a target is stuck past ``hedge_after_s``, and ``on_target_free`` is given, that target
         is reported ``busy`` (not ok) and ``on_target_free(i)`` is called, on some store thread, once the
         stuck read is over; without the callback the call waits for it.
@@ -703,8 +704,11 @@ class Store:
         ``(i, ReadIntoResult)`` for every chunk not in ``misses``. Indices in ``misses`` are left to the caller."""
         n_t = len(self.tiers)
         sched: ReadSchedule = self.router.schedule(holders, n_t)
-        if targets is not None:
-            sched.steal = False  # a stolen copy could not be used before the first read into the target is over
+        # read_into: only the fastest tier reads into the targets in place; the others read into pooled buffers
+        # and their chunks are copied. A read into a target cannot be taken back, so a target written by a slow
+        # tier would hold the step until that read ends even after the fast tier had stolen the chunk; this way
+        # a steal by the fast tier lands in place and the slow tier's late copy is simply dropped.
+        direct_tier = self._fastest_tier() if targets is not None else -1
         step = _Step(self)
         inflight_bytes = [0] * n_t
         inflight_ops: list[dict[int, _ReadTag]] = [{} for _ in range(n_t)]
@@ -745,8 +749,8 @@ class Store:
                     continue
                 fd, size = opened
                 target = targets[j] if targets is not None else None
-                if (target is not None and target.direct_ok and j not in direct_inflight
-                        and HEADER_BYTES < size <= HEADER_BYTES + target.capacity):
+                if (t == direct_tier and target is not None and target.direct_ok and j not in direct_inflight  # type: ignore[union-attr]
+                        and HEADER_BYTES < size <= HEADER_BYTES + target.capacity):  # type: ignore[union-attr]
                     buf, pooled = self.memory.allocate_or_overflow(HEADER_BYTES)
                     tag = _ReadTag(tier=t, idx=j, key=keys[i], buf=buf, pooled=pooled, started=time.monotonic(),
                                    fd=fd, size=size, parts=2, target=target)
@@ -888,6 +892,13 @@ class Store:
             self._c["lost_chunks"] += 1
             misses.append(disk_idx[j])
         self._after_read([keys[i] for i in disk_idx], holders, tier_bytes, busy)
+
+    def _fastest_tier(self) -> int:
+        """The tier with the highest read bandwidth estimate (tier 0, the node-local one, until measured)."""
+        est = [self.read_windows.bandwidth_estimate(t) for t in range(len(self.tiers))]
+        if any(e is None for e in est):
+            return 0
+        return max(range(len(est)), key=lambda t: est[t])  # type: ignore[arg-type, return-value]
 
     def _abandon_stuck(self, step: _Step, deferred: dict[int, tuple[_ReadTag, ChunkHeader]],
                        direct_inflight: dict[int, _ReadTag], hedge_after: float, disk_idx: list[int],

@@ -93,7 +93,9 @@ class ReadBenchConfig:
     # runs for hours; the steady state is what the bound is compared with.
     warmup: int = 3
     io_engine: str = "auto"
-    inflight_bytes: int = 32 << 20  # per tier
+    # Per tier; None: depth × one chunk file, the raw reader's own bytes in flight, so the store and the bound
+    # it is compared with keep the same amount of I/O queued (this disk needs ~16 x 4 MiB to reach its speed).
+    inflight_bytes: int | None = None
     read_windows: str = "balanced"  # kvstream.read_windows policy
     depth: int = 16  # raw reader ops in flight (and ring depth)
     write_load: bool = False
@@ -104,11 +106,15 @@ class ReadBenchConfig:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
+def inflight_bytes_of(cfg: ReadBenchConfig) -> int:
+    return cfg.inflight_bytes if cfg.inflight_bytes is not None else cfg.depth * file_size(cfg.chunk_bytes)
+
+
 def _store_config(cfg: ReadBenchConfig) -> dict[str, Any]:
     total = cfg.chunks * file_size(cfg.chunk_bytes)
     return {
         "tiers": [{"name": n, "path": p, "capacity_bytes": max(total * 2, 1 << 30),
-                   "read_inflight_bytes": cfg.inflight_bytes, "read_depth": cfg.depth} for n, p in cfg.tiers],
+                   "read_inflight_bytes": inflight_bytes_of(cfg), "read_depth": cfg.depth} for n, p in cfg.tiers],
         "memory_bytes": total + (64 << 20), "router": cfg.router, "replication": "full",
         "io_engine": cfg.io_engine, "create_dirs": True, "verify_reads": cfg.verify,
         "read_windows": cfg.read_windows, "chunk_bytes": cfg.chunk_bytes,
@@ -246,7 +252,8 @@ def run_read_bench(cfg: ReadBenchConfig, progress: Any = None) -> dict[str, Any]
     med = sorted(runs, key=lambda r: r["over_bound"])[len(runs) // 2]
     seconds = statistics.median(r["seconds"] for r in runs)
     return {
-        "router": cfg.router, "read_windows": cfg.read_windows, "io_engine": engine_name, "direct_io": direct, "chunks": cfg.chunks,
+        "router": cfg.router, "read_windows": cfg.read_windows, "inflight_bytes": inflight_bytes_of(cfg),
+        "depth": cfg.depth, "io_engine": engine_name, "direct_io": direct, "chunks": cfg.chunks,
         "chunk_bytes": cfg.chunk_bytes, "bytes": total, "filled_chunks": filled, "repeat": cfg.repeat, "warmup": cfg.warmup,
         "seconds": seconds, "gbps": total / seconds / 1e9,
         "bound_seconds": statistics.median(r["bound_seconds"] for r in runs),

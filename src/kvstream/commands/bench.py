@@ -27,7 +27,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--warmup", type=int, default=3,
                    help="untimed store reads before measuring (buffer pool first use, read windows; default 3)")
     p.add_argument("--engine", choices=["auto", "uring", "threads"], default="auto")
-    p.add_argument("--inflight", type=size_arg, default=32 << 20, help="read bytes in flight per tier (default 32M)")
+    p.add_argument("--inflight", type=size_arg, default=None,
+                   help="read bytes in flight per tier (default: depth x one chunk file, as the bound's raw reader)")
     p.add_argument("--depth", type=int, default=16, help="ring depth per tier (default 16)")
     p.add_argument("--read-windows", choices=["balanced", "fixed"], default="balanced",
                    help="per-tier read windows sized by measured speed (balanced, default) or all --inflight")
@@ -113,7 +114,8 @@ def _print_read(r: dict[str, Any]) -> None:
 
     gb = r["bytes"] / 1e9
     t = Table(title=f"bench read: {r['chunks']} × {r['chunk_bytes'] / 2**20:g} MiB = {gb:.2f} GB, router "
-                    f"{r['router']}, engine {r['io_engine']}, median of {r['repeat']}")
+                    f"{r['router']}, engine {r['io_engine']}, {r['inflight_bytes'] / 2**20:g} MiB in flight per "
+                    f"tier (raw reader: depth {r['depth']}), median of {r['repeat']}")
     for col in ("tier", "store bytes", "chunks", "duplicates", "store GB/s", "raw alone GB/s", "raw concurrent GB/s"):
         t.add_column(col, justify="right")
     for name, p in r["per_tier"].items():

@@ -44,6 +44,8 @@ KEYS: dict[str, str] = {
     "flush_after_ms": "deferred writes: longest wait before buffered puts go to the write queues",
     "max_pending_write_bytes": "LMCache buffers held for writes; puts beyond it are dropped and counted",
     "load_threads": "threads that run batch reads for the async prefetch path",
+    "read_into": "read payloads straight into LMCache's objects (default true); false: into the store's "
+                 "buffers, then copy",
     "prefetch_ttl_s": "free a started prefetch no one collected after this many seconds",
     "close_timeout_s": "how long close() waits for pending writes",
 }
@@ -70,6 +72,7 @@ class PluginOptions:
     flush_after_s: float  # a buffered put waits at most this long before Store.flush()
     max_pending_write_bytes: int  # bytes of LMCache objects held by pending writes
     load_threads: int  # >= 1
+    read_into: bool  # zero-copy reads (Store.read_into) rather than read_chunks + a copy
     prefetch_ttl_s: float  # > 0
     close_timeout_s: float  # >= 0
 
@@ -243,6 +246,7 @@ def parse_extra_config(extra: Mapping[str, Any] | None, *, default_pending_bytes
         max_pending_write_bytes=parse_size(opts.get("max_pending_write_bytes", default_pending_bytes),
                                            _field("max_pending_write_bytes")),
         load_threads=_as_int("load_threads", opts.get("load_threads", 4), minimum=1),
+        read_into=_as_bool("read_into", opts.get("read_into", True)),
         prefetch_ttl_s=float(_as_float("prefetch_ttl_s", opts.get("prefetch_ttl_s", 120), minimum=0.001)),
         close_timeout_s=float(_as_float("close_timeout_s", opts.get("close_timeout_s", 120), minimum=0.0)),
     )

@@ -195,7 +195,7 @@ class KVStreamBackend(StoragePluginInterface):
             raise
         self._quiesced = False
         # Zero-copy reads when the store offers them (see docs/lmcache-notes.md, "What the plugin needs").
-        self._zero_copy = callable(getattr(self.store, "get_meta", None)) and callable(
+        self._zero_copy = self.options.read_into and callable(getattr(self.store, "get_meta", None)) and callable(
             getattr(self.store, "read_into", None))
         self._hook_cpu_backend_close()
         self._log_ready()
