@@ -23,6 +23,7 @@ def test_bench_read_json(disk_tmp, capsys, router, windows):
         assert key in r
     assert r["router"] == router and r["read_windows"] == windows and r["warmup"] == 1
     assert r["bytes"] == 6 * (64 * 1024 + 4096)
+    assert r["depth"] == 16 and r["inflight_bytes"] == 16 * (64 * 1024 + 4096)  # like the raw reader's queue
     runs = sorted(r["over_bound_runs"])
     assert len(runs) == 2 and r["over_bound"] == pytest.approx((runs[0] + runs[1]) / 2)  # the median of the runs
     assert r["bound_seconds"] > 0 and r["gbps"] == pytest.approx(r["bytes"] / r["seconds"] / 1e9)

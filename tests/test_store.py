@@ -276,6 +276,27 @@ def test_api_misuse(disk_tmp):
         s.get_many([b"k" * 16])
 
 
+def test_put_naming_a_tier_that_lacks_a_stored_chunk_adds_that_replica(disk_tmp):
+    data = chunks(2)
+    keys = list(data)
+    with kvstream.open_store(config(disk_tmp)) as s:
+        assert s.put(keys[0], data[keys[0]], tiers=["local"])
+        s.flush()
+        s.drain()
+        assert s.tiers[0].contains(keys[0]) and not s.tiers[1].contains(keys[0])
+        assert not s.put(keys[0], data[keys[0]])  # stored somewhere: a plain put is a duplicate
+        assert not s.put(keys[0], data[keys[0]], tiers=["local"])  # ... and so is one naming only holders
+        s.evict_memory()
+        assert s.put(keys[0], data[keys[0]], tiers=["local", "shared"])  # shared lacks it: written there only
+        s.flush()
+        s.drain()
+        st = s.stats()["tiers"]
+        assert s.tiers[1].contains(keys[0]) and st["local"]["write_chunks"] == 1 and st["shared"]["write_chunks"] == 1
+        s.evict_memory()
+        got = [bytes(v) for v in s.get_many([keys[0]])]
+        assert got == [bytes(data[keys[0]])]
+
+
 def test_remove(disk_tmp):
     data = chunks(3)
     write_all(config(disk_tmp), data)

@@ -300,9 +300,10 @@ class Store:
 
         ``payload`` is any C-contiguous buffer (bytes, numpy array, ...); ``meta`` (dtype, shape, layout) is kept
         in the chunk's header and handed back by :meth:`read_chunks`. ``position`` (chunk index within its
-        prefix) helps partial replication place copies; ``tiers`` overrides the replication policy.
-        Returns False if the chunk was already stored, or had to be dropped because host memory was all
-        dirty (counted in ``puts_dropped_no_memory``; the caller recomputes it later, nothing else is lost).
+        prefix) helps partial replication place copies; ``tiers`` overrides the replication policy (and adds a
+        replica to a named tier that lacks a chunk stored elsewhere). Returns False if the chunk was already
+        stored, or had to be dropped because host memory was all dirty (counted in ``puts_dropped_no_memory``;
+        the caller recomputes it later, nothing else is lost).
         """
         self._check_open()
         if not isinstance(key, (bytes, bytearray)) or not 0 < len(key) <= 64:
@@ -317,7 +318,10 @@ class Store:
             if unknown:
                 raise UsageError(f"put: unknown tier(s) {unknown}; tiers are {names}")
             target = frozenset(names.index(n) for n in tiers)
-        if key in self.memory or any(t.contains(key) for t in self.tiers):
+        # Already stored: in memory, on any tier, or (with ``tiers``) on every tier named (so a put naming a tier
+        # that lacks the chunk adds that replica).
+        held = [t.contains(key) for t in self.tiers]
+        if key in self.memory or (all(held[t] for t in target) if target is not None else any(held)):
             self._c["puts_duplicate"] += 1
             return False
         n = len(view)

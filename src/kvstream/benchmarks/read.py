@@ -125,10 +125,11 @@ def _fill(store: kvstream.Store, keys: list[bytes], chunk_bytes: int) -> int:
     base = np.frombuffer(np.random.default_rng(7).bytes(chunk_bytes), dtype=np.uint8).copy()
     written = 0
     for i, k in enumerate(keys):
-        if all(t.contains(k) for t in store.tiers):
+        missing = [t.name for t in store.tiers if not t.contains(k)]
+        if not missing:
             continue
-        base[:8] = np.frombuffer(i.to_bytes(8, "little"), dtype=np.uint8)  # every chunk differs
-        store.put(k, base)
+        base[:8] = np.frombuffer(i.to_bytes(8, "little"), dtype=np.uint8)  # every chunk differs (same key, same bytes)
+        store.put(k, base, tiers=missing)  # a tier emptied since the last run gets its replica back
         written += 1
         if written % 8 == 0:
             store.flush()
