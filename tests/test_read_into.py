@@ -49,6 +49,13 @@ def populate(cfg: dict, data: dict[bytes, bytes]) -> None:
             assert s.put(k, v, meta=ChunkMeta(dtype="uint8", shape=(len(v),), fmt="raw"))
 
 
+def stored(cfg: dict, n: int) -> tuple[dict[bytes, bytes], list[bytes]]:
+    """``n`` chunks put through a store of ``cfg`` (then closed: flushed and drained)."""
+    data = make_data(n)
+    populate(cfg, data)
+    return data, list(data)
+
+
 def aligned_targets(sizes: list[int]) -> tuple[list[AlignedBuffer], list[memoryview]]:
     bufs = [AlignedBuffer(round_up(n)) for n in sizes]
     return bufs, [b.view() for b in bufs]
@@ -69,9 +76,7 @@ def check(results: dict[int, object], keys: list[bytes], data: dict[bytes, bytes
 @pytest.mark.parametrize("engine", engines())
 def test_read_into_aligned_targets_reads_in_place(disk_tmp, engine):
     cfg = config(disk_tmp, engine)
-    data = make_data(12)
-    keys = list(data)
-    populate(cfg, data)
+    data, keys = stored(cfg, 12)
     with kvstream.open_store(cfg) as s:
         metas = s.get_meta(keys)  # fresh process: headers read from disk
         assert [m[1] for m in metas] == [len(data[k]) for k in keys]
@@ -94,9 +99,7 @@ def test_read_into_aligned_targets_reads_in_place(disk_tmp, engine):
 @pytest.mark.parametrize("engine", engines())
 def test_read_into_one_tier_reads_everything_in_place(disk_tmp, engine):
     cfg = config(disk_tmp, engine, two=False)
-    data = make_data(12)
-    keys = list(data)
-    populate(cfg, data)
+    data, keys = stored(cfg, 12)
     with kvstream.open_store(cfg) as s:
         metas = s.get_meta(keys)
         _, targets = aligned_targets([m[1] for m in metas])
@@ -110,9 +113,7 @@ def test_read_into_one_tier_reads_everything_in_place(disk_tmp, engine):
 
 def test_unaligned_or_small_targets_go_through_a_pooled_buffer(disk_tmp):
     cfg = config(disk_tmp, two=False)
-    data = make_data(6)
-    keys = list(data)
-    populate(cfg, data)
+    data, keys = stored(cfg, 6)
     with kvstream.open_store(cfg) as s:
         # offset by one byte: not 4 KiB aligned; exact payload length: too small for the padded O_DIRECT tail
         raw = [bytearray(len(data[k]) + 1) for k in keys]
@@ -151,9 +152,7 @@ def test_memory_hits_absent_keys_and_order(disk_tmp):
 @pytest.mark.parametrize("damage", ["flip", "truncate", "unlink"])
 def test_a_damaged_replica_is_never_reported_and_the_other_is_used(disk_tmp, damage):
     cfg = config(disk_tmp, router="single:local")
-    data = make_data(4)
-    keys = list(data)
-    populate(cfg, data)
+    data, keys = stored(cfg, 4)
     with kvstream.open_store(cfg) as s:
         path = s.tiers[0].path_for(keys[1])
     if damage == "flip":
@@ -179,9 +178,7 @@ def test_a_damaged_replica_is_never_reported_and_the_other_is_used(disk_tmp, dam
 
 def test_one_damaged_copy_and_no_other_is_a_miss(disk_tmp):
     cfg = config(disk_tmp, two=False)
-    data = make_data(3)
-    keys = list(data)
-    populate(cfg, data)
+    data, keys = stored(cfg, 3)
     with kvstream.open_store(cfg) as s:
         path = s.tiers[0].path_for(keys[0])
         metas = s.get_meta(keys)
@@ -207,9 +204,7 @@ def _stalled_store(cfg: dict, delay_s: float):
 
 def test_a_stalled_read_into_a_target_is_waited_for_without_a_callback(disk_tmp):
     cfg = config(disk_tmp, router="single:local", hedge_after_s=0.05)
-    data = make_data(3)
-    keys = list(data)
-    populate(cfg, data)
+    data, keys = stored(cfg, 3)
     s, plan, engine = _stalled_store(cfg, 0.5)
     try:
         metas = s.get_meta(keys)  # header reads are stalled too: they simply take the delay
@@ -231,9 +226,7 @@ def test_a_stalled_read_into_a_target_is_waited_for_without_a_callback(disk_tmp)
 
 def test_a_stalled_read_into_a_target_is_reported_busy_and_freed_later_with_a_callback(disk_tmp):
     cfg = config(disk_tmp, router="single:local", hedge_after_s=0.05)
-    data = make_data(3)
-    keys = list(data)
-    populate(cfg, data)
+    data, keys = stored(cfg, 3)
     with kvstream.open_store(cfg) as s:
         metas = s.get_meta(keys)
     s, plan, engine = _stalled_store(cfg, 1.0)
@@ -264,9 +257,7 @@ def test_a_stalled_read_into_a_target_is_reported_busy_and_freed_later_with_a_ca
 
 def test_stopping_early_waits_for_reads_into_the_targets(disk_tmp):
     cfg = config(disk_tmp, two=False)
-    data = make_data(8)
-    keys = list(data)
-    populate(cfg, data)
+    data, keys = stored(cfg, 8)
     with kvstream.open_store(cfg) as s:
         metas = s.get_meta(keys)
         _, targets = aligned_targets([m[1] for m in metas])
@@ -286,3 +277,23 @@ def test_read_into_rejects_mismatched_targets(disk_tmp):
             list(s.read_into([b"a", b"b"], [bytearray(4096)]))
         with pytest.raises(ValueError):
             list(s.read_into([b"a"], [b"read-only bytes"]))
+
+
+def test_get_meta_reads_headers_from_the_other_replica_when_a_tier_stalls(disk_tmp):
+    cfg = config(disk_tmp, hedge_after_s=0.05)
+    data, keys = stored(cfg, 4)
+    s, plan, engine = _stalled_store(cfg, 2.0)  # every local read held back 2 s
+    try:
+        t0 = time.monotonic()
+        metas = s.get_meta(keys)
+        assert time.monotonic() - t0 < 1.0  # did not wait for the stalled tier
+        assert [m[1] for m in metas] == [len(data[k]) for k in keys]
+        assert s.health[0].failures == 1  # one stalled round of header reads: one failure of the tier
+        engine.release_stalls()
+        s.drain()
+        time.sleep(0.05)
+        # the late local header reads cleaned up after themselves: their pooled buffers are back
+        assert s.memory.pool.in_use_bytes == 0
+    finally:
+        engine.release_stalls()
+        s.close()

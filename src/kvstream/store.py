@@ -601,11 +601,25 @@ class Store:
 
     def _read_headers(self, keys: Sequence[bytes], unknown: list[tuple[int, list[int]]],
                       out: list[tuple[ChunkMeta, int] | None]) -> None:
-        """Read the headers of ``unknown`` chunks (one 4 KiB read each, all at once; the next holder if one fails)."""
+        """Read the headers of ``unknown`` chunks: one 4 KiB read each, all at once, on the first usable holder;
+        a header that fails (or, with hedging on, takes longer than ``hedge_after_s``) is tried on the next."""
         pending = [(i, list(hs)) for i, hs in unknown]
+        wait = self.config.hedge_after_s
         while pending:
             done: queue.SimpleQueue[IOOp] = queue.SimpleQueue()
-            submitted: list[tuple[int, list[int], IOOp]] = []
+            lock = threading.Lock()
+            over = [False]
+
+            def on_done(op: IOOp, done: queue.SimpleQueue[IOOp] = done, lock: threading.Lock = lock,
+                        over: list[bool] = over) -> None:
+                with lock:
+                    if not over[0]:
+                        done.put(op)
+                        return
+                os.close(op.fd)  # a late header read nobody waits for any more
+                self.memory.release(op.buf, op.tag[2])
+
+            submitted: dict[int, tuple[int, int, list[int]]] = {}  # id(op) -> (index, tier, holders left)
             for i, hs in pending:
                 while hs:
                     t = hs.pop(0)
@@ -617,42 +631,70 @@ class Store:
                         continue
                     buf, pooled = self.memory.allocate_or_overflow(HEADER_BYTES)
                     op = IOOp(kind=OpKind.READ, fd=opened[0], buf=buf, length=HEADER_BYTES, offset=0,
-                              callback=done.put, tag=(t, pooled))
-                    submitted.append((i, hs, op))
+                              callback=on_done, tag=(i, t, pooled))
+                    submitted[id(op)] = (i, t, hs)
                     self.tiers[t].read_ring.submit([op])
                     break
             pending = []
-            for _ in submitted:
-                op = done.get()
-                os.close(op.fd)
-                i, hs = next((i, hs) for i, hs, o in submitted if o is op)
-                t, pooled = op.tag
-                tier = self.tiers[t]
+            deadline = None if wait is None else time.monotonic() + wait
+            answered: set[int] = set()
+            while len(answered) < len(submitted):
                 try:
-                    if op.result < 0:  # as a failed read in a step: a missing file is dropped, EIO counts
-                        if -op.result == _ENOENT:
-                            tier.counters.missing_files += 1
-                            tier.drop(keys[i], unlink=False)
-                        else:
-                            tier.counters.read_errors += 1
-                            self.health[t].on_failure(time.monotonic())
-                            log.warning("tier %s: header read of %s failed: %s", tier.name, tier.relpath(keys[i]),
-                                        os.strerror(-op.result))
-                    else:
-                        view = op.buf.view(0, op.result)
-                        try:
-                            header = decode_header(view, where=f"{tier.name}:{tier.relpath(keys[i])}",
-                                                   expect_key=keys[i])
-                        finally:
-                            view.release()
-                        self._remember_meta(header)
-                        out[i] = (header.meta, header.payload_len)
-                except CorruptChunkError as exc:
-                    tier.quarantine(keys[i], exc.reason)
+                    op = done.get(timeout=None if deadline is None else max(deadline - time.monotonic(), 0.0))
+                except queue.Empty:
+                    break
+                answered.add(id(op))
+                os.close(op.fd)
+                i, t, pooled = op.tag
+                try:
+                    self._header_landed(keys[i], t, op, out, i)
                 finally:
                     self.memory.release(op.buf, pooled)
+                hs = submitted[id(op)][2]
                 if out[i] is None and hs:
                     pending.append((i, hs))
+            with lock:
+                over[0] = True
+            while True:  # completions that raced with the deadline: ours to clean up
+                try:
+                    op = done.get_nowait()
+                except queue.Empty:
+                    break
+                os.close(op.fd)
+                self.memory.release(op.buf, op.tag[2])
+                answered.add(id(op))
+            stalled = set()
+            for key_id, (i, t, hs) in submitted.items():
+                if key_id not in answered:  # past hedge_after_s: the next holder, and one failure of the tier
+                    stalled.add(t)
+                    if hs:
+                        pending.append((i, hs))
+            for t in stalled:
+                self.health[t].on_failure(time.monotonic())
+
+    def _header_landed(self, key: bytes, t: int, op: IOOp, out: list[tuple[ChunkMeta, int] | None], i: int) -> None:
+        """A header read is back: remember it, or count the failure as a failed read in a step would."""
+        tier = self.tiers[t]
+        if op.result < 0:  # a missing file is dropped; EIO counts against the tier
+            if -op.result == _ENOENT:
+                tier.counters.missing_files += 1
+                tier.drop(key, unlink=False)
+            else:
+                tier.counters.read_errors += 1
+                self.health[t].on_failure(time.monotonic())
+                log.warning("tier %s: header read of %s failed: %s", tier.name, tier.relpath(key),
+                            os.strerror(-op.result))
+            return
+        view = op.buf.view(0, op.result)
+        try:
+            header = decode_header(view, where=f"{tier.name}:{tier.relpath(key)}", expect_key=key)
+        except CorruptChunkError as exc:
+            tier.quarantine(key, exc.reason)
+            return
+        finally:
+            view.release()
+        self._remember_meta(header)
+        out[i] = (header.meta, header.payload_len)
 
     def read_into(self, keys: Sequence[bytes], targets: Sequence[Any], *,
                   on_target_free: Callable[[int], None] | None = None) -> Iterator[tuple[int, ReadIntoResult]]:
