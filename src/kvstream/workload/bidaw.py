@@ -26,7 +26,6 @@ Two outputs:
 from __future__ import annotations
 
 import os
-import re
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,6 +33,7 @@ from pathlib import Path
 import numpy as np
 
 from kvstream.errors import InputFormatError
+from kvstream.workload.text import check_utf8
 from kvstream.workload.request import CHUNK_TOKENS, Request
 
 __all__ = [
@@ -60,24 +60,10 @@ class BidawRecord:
 
 
 _INT_MAX = 2**63 - 1  # every value must fit the int64 columns of BidawTrace (numpy raises OverflowError past it)
-# Files are read with errors="surrogateescape", which maps each byte that is not UTF-8 to U+DC80..U+DCFF;
-# strict UTF-8 never decodes to those code points, so finding one means the line held such a byte.
-_UNDECODABLE = re.compile("[\udc80-\udcff]")
-
-
-def _check_utf8(path: str, line_no: int, text: str) -> None:
-    """Raise :class:`InputFormatError` if ``text`` (decoded with ``errors="surrogateescape"``) held bytes that
-    are not UTF-8."""
-    if text.isascii():  # the common case, checked in C without a regex scan
-        return
-    m = _UNDECODABLE.search(text)
-    if m is not None:
-        byte = ord(m.group()) - 0xDC00
-        raise InputFormatError(path, line_no, f"not valid UTF-8: byte 0x{byte:02x} at column {m.start() + 1}")
 
 
 def _parse_line(path: str, line_no: int, text: str) -> tuple[int, int, int, int, int]:
-    _check_utf8(path, line_no, text)
+    check_utf8(path, line_no, text)
     fields = text.split()
     if len(fields) != 5:
         raise InputFormatError(path, line_no, f"expected 5 fields (user time query response round), got {len(fields)}")
@@ -93,7 +79,7 @@ def _parse_line(path: str, line_no: int, text: str) -> tuple[int, int, int, int,
 
 
 def _check_header(path: str, text: str) -> None:
-    _check_utf8(path, 1, text)
+    check_utf8(path, 1, text)
     fields = text.split()
     if len(fields) != 5 or not fields[0].lower().startswith("user"):
         raise InputFormatError(
@@ -116,7 +102,7 @@ def _checked_lines(spath: str, limit: int | None) -> Iterator[tuple[int, int, in
     (header, fields, per-user order and totals); at most ``limit`` records."""
     last: dict[int, tuple[int, int, int]] = {}  # user -> (last round, last time, tokens so far)
     n = 0
-    # surrogateescape: a byte that is not UTF-8 must become an error naming its line (_check_utf8), not a
+    # surrogateescape: a byte that is not UTF-8 must become an error naming its line (check_utf8), not a
     # UnicodeDecodeError from inside the file iterator that names neither the file nor the line.
     with open(spath, encoding="utf-8", errors="surrogateescape") as fh:
         header = fh.readline()

@@ -24,11 +24,11 @@ from __future__ import annotations
 import json
 import math
 import os
-import re
 from collections.abc import Iterator
 from pathlib import Path
 
 from kvstream.errors import InputFormatError
+from kvstream.workload.text import check_utf8
 from kvstream.workload.request import CHUNK_TOKENS, Request
 
 __all__ = ["BLOCK_TOKENS", "ChunkInterner", "iter_mooncake", "read_mooncake"]
@@ -37,9 +37,6 @@ BLOCK_TOKENS = 512  # tokens per Mooncake hash block
 _HALVES = BLOCK_TOKENS // CHUNK_TOKENS  # chunks per block (2)
 _FIELDS = ("timestamp", "input_length", "output_length", "hash_ids")
 _INT_MAX = 2**63 - 1  # integer fields must fit int64: beyond it ``timestamp / 1000.0`` can overflow a float
-# The file is read with errors="surrogateescape", which maps each byte that is not UTF-8 to U+DC80..U+DCFF;
-# strict UTF-8 never decodes to those code points, so finding one means the line held such a byte.
-_UNDECODABLE = re.compile("[\udc80-\udcff]")
 
 
 class ChunkInterner:
@@ -83,16 +80,6 @@ def _int_field(obj: dict, name: str, path: str, line: int) -> int:
     return int(v)
 
 
-def _check_utf8(path: str, line: int, text: str) -> None:
-    """Raise :class:`InputFormatError` if ``text`` (decoded with ``errors="surrogateescape"``) held bytes that
-    are not UTF-8; the column counts characters, as the JSON decoder's does."""
-    if text.isascii():  # the common case, checked in C without a regex scan
-        return
-    m = _UNDECODABLE.search(text)
-    if m is not None:
-        byte = ord(m.group()) - 0xDC00
-        raise InputFormatError(path, line, f"not valid UTF-8: byte 0x{byte:02x} at column {m.start() + 1}")
-
 
 def iter_mooncake(
     path: str | os.PathLike[str],
@@ -112,7 +99,7 @@ def iter_mooncake(
     interner = interner if interner is not None else ChunkInterner()
     last_ts = -math.inf
     n = 0
-    # surrogateescape: a byte that is not UTF-8 must become an error naming its line (_check_utf8), not a
+    # surrogateescape: a byte that is not UTF-8 must become an error naming its line (check_utf8), not a
     # UnicodeDecodeError from inside the file iterator that names neither the file nor the line.
     with open(p, encoding="utf-8", errors="surrogateescape") as fh:
         for lineno, raw in enumerate(fh, start=1):
@@ -121,7 +108,7 @@ def iter_mooncake(
             text = raw.strip()
             if not text:
                 continue
-            _check_utf8(p, lineno, text)
+            check_utf8(p, lineno, text)
             try:
                 obj = json.loads(text)
             except json.JSONDecodeError as exc:
