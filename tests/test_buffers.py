@@ -349,6 +349,15 @@ def test_slab_mapping_is_madvised_and_huge() -> None:
     assert "hg" not in _vmflags(plain)
 
 
+def slab_buffer(pool: BufferPool) -> AlignedBuffer:
+    """A 1 MiB-chunk buffer from ``pool``, carved from a huge-page slab (skips where THP cannot be asked for)."""
+    a = pool.acquire(CHUNK_1M)
+    assert a is not None
+    if a._slab is None:
+        pytest.skip("no slabs here (no MADV_HUGEPAGE)")
+    return a
+
+
 def test_slot_exports_are_per_buffer() -> None:
     pool = BufferPool(64 * MiB, hugepages=True)
     a, b = pool.acquire(CHUNK_1M), pool.acquire(CHUNK_1M)
@@ -368,10 +377,7 @@ def test_slot_exports_are_per_buffer() -> None:
 
 def test_exported_slot_is_not_handed_out_again() -> None:
     pool = BufferPool(64 * MiB, hugepages=True)
-    a = pool.acquire(CHUNK_1M)
-    assert a is not None
-    if a._slab is None:
-        pytest.skip("no slabs here (no MADV_HUGEPAGE)")
+    a = slab_buffer(pool)
     nslots = a._slab.nslots
     view = a.view()
     arr = np.frombuffer(a.readonly(), dtype=np.uint8)
@@ -398,10 +404,7 @@ def test_exported_slot_is_not_handed_out_again() -> None:
 def test_slab_pool_accounting_and_capacity() -> None:
     cls = BufferPool.size_class(CHUNK_1M)
     pool = BufferPool(12 * MiB, hugepages=True)
-    a = pool.acquire(CHUNK_1M)
-    assert a is not None
-    if a._slab is None:
-        pytest.skip("no slabs here (no MADV_HUGEPAGE)")
+    a = slab_buffer(pool)
     assert pool.allocated_bytes == 10 * MiB and pool.in_use_bytes == cls  # the whole slab counts at once
     bufs = [a] + [pool.acquire(CHUNK_1M) for _ in range(7)]
     assert all(b is not None for b in bufs)
@@ -433,10 +436,7 @@ def test_slab_pool_accounting_and_capacity() -> None:
 
 def test_dropped_slab_is_unmapped() -> None:
     pool = BufferPool(10 * MiB, hugepages=True)
-    a = pool.acquire(CHUNK_1M)
-    assert a is not None
-    if a._slab is None:
-        pytest.skip("no slabs here (no MADV_HUGEPAGE)")
+    a = slab_buffer(pool)
     addr = a.address
     pool.release(a)
     del a

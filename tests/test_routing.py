@@ -106,6 +106,19 @@ def test_steal_happens_only_in_the_meeting_region_and_cuts_the_tail():
     assert log and all(not had_unclaimed for (_, _, _, had_unclaimed) in log)
 
 
+def test_a_tier_reading_a_stolen_chunk_may_steal_the_next_one():
+    """Steals are bounded by the driver's read window, not one at a time: a tier whose in-flight read is a
+    stolen chunk is offered the next one (the store's read loop relies on this: it refills a tier once per
+    landed read, before telling the schedule the read landed)."""
+    s = MeetInTheMiddle().schedule([{0, 1}] * 4, 2)
+    assert (s.next_claim(1), s.next_claim(1)) == ([3], [2])
+    assert (s.next_claim(0), s.next_claim(0)) == ([0], [1])
+    assert s.on_landed(0, 0) and s.on_landed(0, 1)
+    assert s.next_claim(0) == [2]  # tier 1's latest claim, nearest tier 0's home
+    assert s.next_claim(0) == [3]  # and the next, while the first steal is still in flight
+    assert s.next_claim(0) == []  # each chunk is read at most twice
+
+
 def test_failed_chunk_is_read_from_the_other_replica():
     _, s, landed, _ = drive(MeetInTheMiddle(), [{0, 1}] * 10, [1.0, 1.0], window=1, fail={(0, 0), (1, 9)})
     assert sorted(landed) == list(range(10))

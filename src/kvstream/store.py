@@ -675,19 +675,13 @@ class Store:
     def _header_landed(self, key: bytes, t: int, op: IOOp, out: list[tuple[ChunkMeta, int] | None], i: int) -> None:
         """A header read is back: remember it, or count the failure as a failed read in a step would."""
         tier = self.tiers[t]
-        if op.result < 0:  # a missing file is dropped; EIO counts against the tier
-            if -op.result == _ENOENT:
-                tier.counters.missing_files += 1
-                tier.drop(key, unlink=False)
-            else:
-                tier.counters.read_errors += 1
-                self.health[t].on_failure(time.monotonic())
-                log.warning("tier %s: header read of %s failed: %s", tier.name, tier.relpath(key),
-                            os.strerror(-op.result))
+        where = f"{tier.name}:{tier.relpath(key)}"
+        if op.result < 0:
+            self._read_failed(t, key, op.result, where)
             return
         view = op.buf.view(0, op.result)
         try:
-            header = decode_header(view, where=f"{tier.name}:{tier.relpath(key)}", expect_key=key)
+            header = decode_header(view, where=where, expect_key=key)
         except CorruptChunkError as exc:
             tier.quarantine(key, exc.reason)
             return
@@ -875,9 +869,6 @@ class Store:
                 header = chunk[0]
                 tier_bytes[t] += tag.size
                 landed_first = sched.on_landed(t, j)
-                # The refill above ran while j still counted as this tier's in-flight read; a tier whose last
-                # read was a stolen chunk could not steal the next one then (one stolen batch at a time).
-                fill(t)
                 if targets is not None:
                     if tag.target is not None and (landed_first or j in deferred):
                         if j in deferred:  # both copies good: keep the one already in place
@@ -985,13 +976,7 @@ class Store:
         tier = self.tiers[tag.tier]
         where = f"{tier.name}:{tier.relpath(tag.key)}"
         if tag.result < 0:
-            if -tag.result == _ENOENT:
-                tier.counters.missing_files += 1
-                tier.drop(tag.key, unlink=False)
-            else:
-                tier.counters.read_errors += 1
-                self.health[tag.tier].on_failure(time.monotonic())
-                log.warning("tier %s: read of %s failed: %s", tier.name, where, os.strerror(-tag.result))
+            self._read_failed(tag.tier, tag.key, tag.result, where)
             return None
         t0 = time.perf_counter()
         try:
@@ -1024,6 +1009,18 @@ class Store:
         if header.key not in self._metas:
             self._remember_meta(header)
         return (header,)
+
+    def _read_failed(self, t: int, key: bytes, result: int, where: str) -> None:
+        """A read (of a whole chunk or of its header) returned ``-errno``: a missing file is dropped from the
+        index; any other error counts against the tier and its breaker."""
+        tier = self.tiers[t]
+        if -result == _ENOENT:
+            tier.counters.missing_files += 1
+            tier.drop(key, unlink=False)
+        else:
+            tier.counters.read_errors += 1
+            self.health[t].on_failure(time.monotonic())
+            log.warning("tier %s: read of %s failed: %s", tier.name, where, os.strerror(-result))
 
     def _release_tag(self, tag: _ReadTag) -> None:
         self.memory.release(tag.buf, tag.pooled)
