@@ -13,9 +13,10 @@ from kvstream.errors import ConfigError
 from kvstream.routing import FixedSplit, MeetInTheMiddle, SingleTier, order_for_tiers, parse_router
 
 
-def drive(router, holders, speeds, *, window=4, fail=frozenset(), seed=0, jitter=0.0):
+def drive(router, holders, speeds, *, window=4, fail=frozenset(), seed=0, jitter=0.0, check_peek=False):
     """Event-driven run: each tier serves its reads one after another at ``speeds[t]`` chunks/s, keeping up to
-    ``window`` chunks claimed. ``fail`` holds (tier, chunk) pairs that fail. Returns (finish time, schedule, log)."""
+    ``window`` chunks claimed. ``fail`` holds (tier, chunk) pairs that fail. Returns (finish time, schedule, log).
+    ``check_peek``: every claim of chunks nobody has claimed yet is what ``peek`` foretold just before it."""
     rng = random.Random(seed)
     n_t = len(speeds)
     s = router.schedule(holders, n_t)
@@ -30,9 +31,12 @@ def drive(router, holders, speeds, *, window=4, fail=frozenset(), seed=0, jitter
     def fill(t, now):
         nonlocal seq
         while inflight[t] < window:
+            ahead = s.peek(t, 8) if check_peek else []
             claim = s.next_claim(t)
             if not claim:
                 return
+            if check_peek and not any(claimed_by.get(i) for i in claim) and not s._retry:
+                assert claim == ahead[: len(claim)], f"tier {t} claimed {claim}, peek said {ahead}"
             for i in claim:
                 assert t in holders[i], f"tier {t} given chunk {i} it does not hold"
                 unclaimed_held = [c for c in range(len(holders)) if t in holders[c] and c not in ever_claimed]
@@ -198,6 +202,25 @@ def test_every_chunk_delivered_once_or_lost(params, batch, window, kind, fail, s
     if not fail:  # second claims of a chunk only once the claiming tier had nothing unclaimed left
         assert all(not had_unclaimed for (_, _, _, had_unclaimed) in log)
         assert kind == "mitm" or not log  # the baselines never read a chunk twice
+
+
+@settings(max_examples=100, deadline=None)
+@given(holders_st, st.integers(1, 4), st.integers(1, 6), st.sampled_from(["mitm", "fixed", "single"]),
+       st.integers(0, 10**6))
+def test_peek_foretells_the_next_fresh_claims_and_changes_nothing(params, batch, window, kind, seed):
+    n_t, holders, speeds = params
+    def router():
+        return {"mitm": MeetInTheMiddle(batch=batch), "fixed": FixedSplit((0.6,), batch=batch),
+                "single": SingleTier(tier=0, batch=batch)}[kind]
+    t1, s1, landed1, log1 = drive(router(), holders, speeds, window=window, seed=seed, jitter=0.5, check_peek=True)
+    t2, s2, landed2, log2 = drive(router(), holders, speeds, window=window, seed=seed, jitter=0.5)
+    assert (t1, landed1, log1) == (t2, landed2, log2)  # peeking left the schedule as it was
+
+
+def test_peek_on_a_fresh_mitm_schedule_walks_from_each_tier_home():
+    s = MeetInTheMiddle(batch=2).schedule([{0, 1}] * 6, 2)
+    assert s.peek(0, 3) == [0, 1, 2] and s.peek(1, 3) == [5, 4, 3]
+    assert s.next_claim(0) == [0, 1] and s.peek(0, 2) == [2, 3] and s.peek(1, 10) == [5, 4, 3, 2]
 
 
 @settings(max_examples=60, deadline=None)

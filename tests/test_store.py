@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import time
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -13,6 +15,7 @@ import kvstream
 from conftest import engines
 from kvstream.errors import StoreClosedError, UsageError
 from kvstream.format import ChunkMeta, HEADER_BYTES
+from kvstream.io.engine import IOEngine, Ring, make_engine
 
 
 def config(root: Path, engine: str = "threads", **kw):
@@ -77,6 +80,55 @@ def test_read_iter_gives_memory_hits_first_and_every_index_once(disk_tmp):
         order = [i for i, _ in s.read_iter(keys + [b"missing-key-0000"])]
     assert sorted(order) == list(range(11))
     assert set(order[:5]) == set(range(5, 10)) and order[-1] == 10
+
+
+class _CountingEngine(IOEngine):
+    """Counts the ops each ring was given (to see who keeps a ring fed, and when)."""
+
+    def __init__(self, inner: IOEngine) -> None:
+        self.inner, self.name, self.submitted = inner, inner.name, Counter()
+
+    def ring(self, label: str, **kw) -> Ring:
+        ring, engine = self.inner.ring(label, **kw), self
+
+        class Counted(Ring):
+            engine_name = ring.engine_name
+
+            def submit(self, ops) -> None:
+                engine.submitted[label] += len(ops)
+                ring.submit(ops)
+
+            def inflight(self) -> int:
+                return ring.inflight()
+
+            def close(self) -> None:
+                ring.close()
+
+        return Counted()
+
+
+@pytest.mark.parametrize("engine", engines())
+def test_a_tier_is_refilled_from_its_completions_while_the_caller_holds_a_chunk(disk_tmp, engine):
+    # The window holds two chunk files; the step has 12. A caller busy with its first chunk must not leave the
+    # ring empty: each completion claims and submits the next read itself, so the whole step is read meanwhile.
+    # (Refilled only from the caller's thread, 2 + 1 reads would have been submitted here.)
+    data = chunks(12)
+    cfg = config(disk_tmp, engine, router="single:local", read_windows="fixed")
+    cfg["tiers"][0]["read_inflight_bytes"] = 2 * (64 * 1024 + HEADER_BYTES)
+    write_all(cfg, data)
+    counting = _CountingEngine(make_engine(engine))
+    with kvstream.open_store(cfg, engine=counting) as s:
+        keys = list(data)
+        it = s.read_iter(keys)
+        i, first = next(it)
+        assert first is not None and np.array_equal(np.frombuffer(first, np.uint8), data[keys[i]])
+        deadline = time.monotonic() + 10
+        while counting.submitted["local-r"] < len(keys) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert counting.submitted["local-r"] == len(keys)
+        got = {i: bytes(first)} | {j: bytes(v) for j, v in it}
+    assert sorted(got) == list(range(len(keys)))
+    assert all(got[j] == data[k].tobytes() for j, k in enumerate(keys))
 
 
 @pytest.mark.parametrize("damage", ["flip", "truncate", "delete", "foreign"])

@@ -123,6 +123,12 @@ class ReadSchedule(ABC):
     def next_claim(self, tier: int) -> list[int]:
         """Chunks tier ``tier`` should read next (it holds all of them); ``[]`` if none right now."""
 
+    def peek(self, tier: int, n: int) -> list[int]:
+        """Up to ``n`` chunks that ``next_claim(tier)`` would hand out next if nothing else happened meanwhile
+        (unclaimed ones only: no retries, no steals). Changes nothing; a hint for a driver that prepares reads
+        ahead (opens their files), never a promise: another tier may claim them first."""
+        return []
+
     def on_landed(self, tier: int, i: int) -> bool:
         """Tier ``tier`` delivered chunk ``i``. True if this is the copy to use."""
         self._finish_inflight(tier, i)
@@ -248,6 +254,26 @@ class _MitmSchedule(ReadSchedule):
             return cand_lo
         return cand_lo if home - cand_lo <= cand_hi - home else cand_hi
 
+    def peek(self, tier: int, n: int) -> list[int]:
+        # _next_unclaimed's walk on copies of the cursors, marking nothing.
+        order, claimed, holders, done = self._order, self._claimed, self._holders, self._done
+        lo, hi, home = self._lo[tier], self._hi[tier], self._home[tier]
+        out: list[int] = []
+        while len(out) < n:
+            while lo >= 0 and (claimed[lo] or tier not in holders[order[lo]]):
+                lo -= 1
+            while hi < self.n and (claimed[hi] or tier not in holders[order[hi]]):
+                hi += 1
+            if lo < 0 and hi >= self.n:
+                break
+            if lo >= 0 and (hi >= self.n or home - lo <= hi - home):
+                p, lo = lo, lo - 1
+            else:
+                p, hi = hi, hi + 1
+            if not done[order[p]]:
+                out.append(order[p])
+        return out
+
     def next_claim(self, tier: int) -> list[int]:
         if not 0 <= tier < self.n_tiers:
             raise ValueError(f"tier {tier} out of range 0..{self.n_tiers - 1}")
@@ -321,6 +347,15 @@ class _StaticSchedule(ReadSchedule):
             self._queues[t].append(i)
         for q in self._queues:
             q.reverse()  # pop() from the end = take in list order
+
+    def peek(self, tier: int, n: int) -> list[int]:
+        out: list[int] = []
+        for i in reversed(self._queues[tier]):
+            if len(out) == n:
+                break
+            if not self._done[i]:
+                out.append(i)
+        return out
 
     def next_claim(self, tier: int) -> list[int]:
         if not 0 <= tier < self.n_tiers:

@@ -18,9 +18,11 @@ rings, separate from the read rings. A write is published atomically (temporary 
 becomes evictable once every copy is written or has failed. A copy that cannot be written (disk full after
 eviction, EIO) is skipped and counted, never retried forever, and never blocks the caller.
 
-Threading: any thread may call the API. Metadata is guarded by ``_lock``; waits on I/O hold no lock. Ring
-callbacks run on ring threads and only hand completions over (to the step's queue, or to the publisher
-thread for writes), so a slow publish never delays the reaping of reads.
+Threading: any thread may call the API. Metadata is guarded by ``_lock``; waits on I/O hold no lock. A read's
+completion callback, on its ring's thread, claims and submits that tier's next reads itself (so the device
+never waits for the caller's thread to come round) and hands the landed read over to the step's queue; the
+caller's thread verifies, routes and yields. Write completions are handed to the publisher thread, so a slow
+publish never delays the reaping of reads.
 """
 
 from __future__ import annotations
@@ -59,6 +61,8 @@ from kvstream.tiers.memory import HostMemoryTier, MemEntry
 
 __all__ = ["Store", "Chunk", "ReadIntoResult", "open_store"]
 
+# Files a read step may hold open ahead of its reads (see _read_from_disk's open_ahead), all tiers together.
+_MAX_OPENED_AHEAD = 256
 log = logging.getLogger("kvstream.store")
 
 _ENOENT, _ENOSPC, _EDQUOT = 2, 28, 122
@@ -115,13 +119,17 @@ class _ReadTag:
 
 class _Step:
     """One read call's completion queue; late completions (duplicates, after the caller is done) clean up
-    after themselves instead of landing in a queue nobody reads. Items are read tags whose every part is done."""
+    after themselves instead of landing in a queue nobody reads. Items are read tags whose every part is done.
+
+    ``on_read_over(tag)``, if set, runs on the ring thread when a read's last part completes, before the tag is
+    queued: the read loop uses it to refill that tier's ring at once (see ``Store._read_from_disk``)."""
 
     def __init__(self, store: "Store") -> None:
         self.q: queue.SimpleQueue[_ReadTag] = queue.SimpleQueue()
         self.lock = threading.Lock()
         self.done = False
         self.store = store
+        self.on_read_over: Callable[[_ReadTag], None] | None = None
 
     def on_complete(self, op: IOOp) -> None:
         tag: _ReadTag = op.tag
@@ -132,6 +140,13 @@ class _Step:
             tag.latency = max(tag.latency, op.completed_at - op.submitted_at)
             if tag.parts:
                 return
+            hook = None if self.done else self.on_read_over
+        if hook is not None:  # outside self.lock: it submits reads, and finish() must not wait for that
+            try:
+                hook(tag)
+            except Exception:  # a ring thread must survive; the read loop refills again when it takes the tag
+                log.exception("read: refill from a completion failed")
+        with self.lock:
             if not self.done:
                 self.q.put(tag)
                 return
@@ -741,7 +756,18 @@ class Store:
                         targets: list[CallerBuffer] | None = None,
                         on_target_free: Callable[[int], None] | None = None) -> Iterator[tuple[int, Any]]:
         """The step's disk reads. Without ``targets`` yields ``(i, Chunk)``; with them (read_into) yields
-        ``(i, ReadIntoResult)`` for every chunk not in ``misses``. Indices in ``misses`` are left to the caller."""
+        ``(i, ReadIntoResult)`` for every chunk not in ``misses``. Indices in ``misses`` are left to the caller.
+
+        Threading: a tier's ring is refilled from its own completions, on the ring thread (``refill``), and the
+        caller's thread verifies, routes and yields. Why: the device shares itself between readers and writers
+        by what is queued when it dispatches, and a refill that waits for the caller's thread (which hashes
+        payloads, copies, and runs whatever the caller does between two chunks) leaves the tier under-queued;
+        measured under a concurrent write stream on the same disk, the read got ~25 % less bandwidth than a
+        reader refilling from its completions (BENCHMARKS §8.0). For the same reason the caller's thread opens
+        the files each tier will claim next (``open_ahead``, from the schedule's ``peek``), so a refill only
+        claims, takes a buffer and submits. ``mu`` guards every piece of routing state
+        below (the schedule, bytes and reads in flight, busy clocks, reads into targets); ``closed`` ends the
+        refills when the caller is done, so no read is submitted after the leftovers are registered."""
         n_t = len(self.tiers)
         sched: ReadSchedule = self.router.schedule(holders, n_t)
         # read_into: only the fastest tier reads into the targets in place; the others read into pooled buffers
@@ -750,6 +776,8 @@ class Store:
         # a steal by the fast tier lands in place and the slow tier's late copy is simply dropped.
         direct_tier = self._fastest_tier() if targets is not None else -1
         step = _Step(self)
+        mu = threading.RLock()
+        closed = False
         inflight_bytes = [0] * n_t
         inflight_ops: list[dict[int, _ReadTag]] = [{} for _ in range(n_t)]
         busy_since: list[float | None] = [None] * n_t
@@ -759,35 +787,36 @@ class Store:
         hedge_after = self.config.hedge_after_s
         direct_inflight: dict[int, _ReadTag] = {}  # j -> the read writing into targets[j]
         deferred: dict[int, tuple[_ReadTag, ChunkHeader]] = {}  # j -> a won second copy waiting for that read
+        opened: dict[tuple[int, int], tuple[int, int]] = {}  # (t, j) -> (fd, size) opened ahead for tier t
         self._c["read_steps"] += 1
         if hedge_after:
             self._count_stragglers(hedge_after)
 
         def fill(t: int) -> None:
-            # Keep tier t's ring fed up to its byte budget; at least one read in flight if it has work.
-            while inflight_bytes[t] < budget[t] or not inflight_ops[t]:
+            # Keep tier t's ring fed up to its byte budget; at least one read in flight if it has work. Under mu.
+            while not closed and (inflight_bytes[t] < budget[t] or not inflight_ops[t]):
                 claim = sched.next_claim(t)
                 if not claim:
                     return
                 submit(t, claim)
 
-        def submit(t: int, claim: list[int]) -> None:
+        def submit(t: int, claim: list[int]) -> None:  # under mu
             tier = self.tiers[t]
             ops = []
             for j in claim:
                 i = disk_idx[j]
                 try:
-                    opened = tier.open_for_read(keys[i])
+                    got = opened.pop((t, j), None) or tier.open_for_read(keys[i])
                 except TierError as exc:  # the tier cannot even open files: another replica, a breaker failure
                     if exc.errno not in (_EMFILE, _ENFILE):  # out of descriptors is this process's shortage
                         self.health[t].on_failure(time.monotonic())
                     log.warning("%s", exc)
                     sched.on_failed(t, j)
                     continue
-                if opened is None:  # vanished since planning (evicted by another node)
+                if got is None:  # vanished since planning (evicted by another node)
                     sched.on_failed(t, j)
                     continue
-                fd, size = opened
+                fd, size = got
                 target = targets[j] if targets is not None else None
                 if (t == direct_tier and target is not None and target.direct_ok and j not in direct_inflight  # type: ignore[union-attr]
                         and HEADER_BYTES < size <= HEADER_BYTES + target.capacity):  # type: ignore[union-attr]
@@ -812,6 +841,41 @@ class Store:
                     busy_since[t] = time.monotonic()
                 tier.read_ring.submit(ops)
 
+        def refill(tag: _ReadTag) -> None:
+            # On the ring thread, as the read's last part completes: the read is over, its tier can take more.
+            t = tag.tier
+            with mu:
+                if closed or inflight_ops[t].get(tag.idx) is not tag:
+                    return
+                inflight_bytes[t] -= tag.size
+                del inflight_ops[t][tag.idx]
+                if not inflight_ops[t] and busy_since[t] is not None:
+                    busy[t] += time.monotonic() - busy_since[t]
+                    busy_since[t] = None
+                if tag.on_free is None:  # an abandoned read's tier is stalled: do not feed it from here
+                    fill(t)
+
+        step.on_read_over = refill
+
+        def open_ahead(t: int) -> None:
+            # On the caller's thread: open the files tier t will read next (about one window of them), so the
+            # refill on the ring thread only submits. An open there releases the GIL mid-refill, and getting it
+            # back behind this thread's work delayed the next read enough to cost the tier device share under a
+            # write stream (write-load-diag/refill_mechanics.py: 0.56 vs 0.72 GB/s, raw reader 0.74).
+            with mu:
+                if closed or len(opened) >= _MAX_OPENED_AHEAD:
+                    return
+                want = [j for j in sched.peek(t, max(len(inflight_ops[t]), 1)) if (t, j) not in opened]
+            for j in want:
+                got = self.tiers[t].open_ahead(keys[disk_idx[j]])
+                if got is None:
+                    continue
+                with mu:
+                    if not closed:
+                        opened[(t, j)] = got
+                        continue
+                os.close(got[0])
+
         def deliver_copy(tag: _ReadTag, header: ChunkHeader) -> ReadIntoResult:
             """A pooled copy that won: into the target (read_into), kept in host memory if pooled."""
             j, n = tag.idx, header.payload_len
@@ -828,47 +892,54 @@ class Store:
             return ReadIntoResult(ok=True, source=self.tiers[tag.tier].name, nbytes=n, meta=header.meta)
 
         try:
-            for t in range(n_t):
-                fill(t)
-            while not sched.finished or deferred:
+            with mu:
+                for t in range(n_t):
+                    fill(t)
+            while True:
+                with mu:
+                    if sched.finished and not deferred:
+                        break
                 try:
                     tag = step.q.get(timeout=hedge_after if hedge_after else 0.5)
                 except queue.Empty:
-                    self._hedge(sched, inflight_ops, hedge_after, submit)
-                    if deferred and on_target_free is not None and hedge_after and sched.finished:
-                        yield from self._abandon_stuck(step, deferred, direct_inflight, hedge_after, disk_idx,
-                                                       on_target_free)
-                    if not any(inflight_ops):  # nothing in flight and not finished: claims were all refused
-                        for t in range(n_t):
-                            fill(t)
-                        if not any(inflight_ops):
-                            break
+                    with mu:
+                        self._hedge(sched, inflight_ops, hedge_after, submit)
+                        stuck = bool(deferred and on_target_free is not None and hedge_after and sched.finished)
+                    if stuck:
+                        yield from self._abandon_stuck(step, mu, deferred, direct_inflight, hedge_after, disk_idx,
+                                                       on_target_free)  # type: ignore[arg-type]
+                    with mu:
+                        if not any(inflight_ops):  # nothing in flight and not finished: claims were all refused
+                            for t in range(n_t):
+                                fill(t)
+                            if not any(inflight_ops):
+                                break
                     continue
                 t, j = tag.tier, tag.idx
                 os.close(tag.fd)
-                inflight_bytes[t] -= tag.size
-                inflight_ops[t].pop(j, None)
-                if not inflight_ops[t] and busy_since[t] is not None:
-                    busy[t] += time.monotonic() - busy_since[t]
-                    busy_since[t] = None
                 if tag.on_free is not None:  # abandoned (reported busy) and over now: free the target
                     self._discard_read(tag, fd_closed=True)
                     continue
-                if tag.target is not None:
-                    direct_inflight.pop(j, None)
-                fill(t)  # refill before verifying, so the device is never idle while we hash
+                with mu:
+                    if tag.target is not None:
+                        direct_inflight.pop(j, None)
+                    fill(t)  # normally a no-op (refill() did it); keeps the ring fed if that one failed
+                open_ahead(t)
                 chunk = self._verify_read(tag)
                 if chunk is None:
-                    sched.on_failed(t, j)
+                    with mu:
+                        sched.on_failed(t, j)
+                        for u in range(n_t):  # a retry may now be claimable by another tier
+                            fill(u)
                     self._release_tag(tag)
                     if j in deferred:  # the first read into the target failed; the won copy is good
                         yield disk_idx[j], deliver_copy(*deferred.pop(j))
-                    for u in range(n_t):  # a retry may now be claimable by another tier
-                        fill(u)
                     continue
                 header = chunk[0]
                 tier_bytes[t] += tag.size
-                landed_first = sched.on_landed(t, j)
+                with mu:
+                    landed_first = sched.on_landed(t, j)
+                    target_busy = j in direct_inflight
                 if targets is not None:
                     if tag.target is not None and (landed_first or j in deferred):
                         if j in deferred:  # both copies good: keep the one already in place
@@ -883,7 +954,7 @@ class Store:
                     elif landed_first:
                         self._c["disk_hits"] += 1
                         self.tiers[t].on_hit(tag.key)
-                        if j in direct_inflight:  # the target is still being written: wait for that read
+                        if target_busy:  # the target is still being written: wait for that read
                             deferred[j] = (tag, header)
                         else:
                             yield disk_idx[j], deliver_copy(tag, header)
@@ -907,24 +978,32 @@ class Store:
                     self.tiers[t].counters.duplicate_chunks += 1
                     self._release_tag(tag)
         finally:
+            with mu:  # no refill from here on: the caller is done (or stopped early)
+                closed = True
+                unused = list(opened.values())
+                opened.clear()
+            for fd, _ in unused:  # opened ahead for reads another tier made, or that the step never needed
+                os.close(fd)
             for tag, _ in deferred.values():  # the caller stopped early: nobody will use these
                 self._release_tag(tag)
             # A caller that stops early (or an error) gets its targets back only once nothing writes into them.
-            for tag in direct_inflight.values():
-                if tag.on_free is None:
-                    step.wait_over(tag)
+            with mu:
+                waiting = [tag for tag in direct_inflight.values() if tag.on_free is None]
+            for tag in waiting:
+                step.wait_over(tag)
             # Register leftovers before finish(): any that completed meanwhile are drained by finish() through
             # _discard_read, which unregisters them.
-            with self._straggler_lock:
+            with mu, self._straggler_lock:
                 for t, ops in enumerate(inflight_ops):
                     for tag in ops.values():
                         self._stragglers[t][id(tag)] = [tag.started, False]
             step.finish()
             end = time.monotonic()
-            for t in range(n_t):
-                if busy_since[t] is not None:
-                    busy[t] += end - busy_since[t]
-                self.tiers[t].counters.read_busy_s += busy[t]
+            with mu:
+                for t in range(n_t):
+                    if busy_since[t] is not None:
+                        busy[t] += end - busy_since[t]
+                    self.tiers[t].counters.read_busy_s += busy[t]
         for j in sched.lost():
             self._c["lost_chunks"] += 1
             misses.append(disk_idx[j])
@@ -937,14 +1016,15 @@ class Store:
             return 0
         return max(range(len(est)), key=lambda t: est[t])  # type: ignore[arg-type, return-value]
 
-    def _abandon_stuck(self, step: _Step, deferred: dict[int, tuple[_ReadTag, ChunkHeader]],
+    def _abandon_stuck(self, step: _Step, mu: "threading.RLock", deferred: dict[int, tuple[_ReadTag, ChunkHeader]],
                        direct_inflight: dict[int, _ReadTag], hedge_after: float, disk_idx: list[int],
                        on_target_free: Callable[[int], None]) -> Iterator[tuple[int, ReadIntoResult]]:
         """Everything else is done and reads into some targets are stuck: report those targets busy and let
-        the stuck reads free them when they end (see :meth:`read_into`)."""
+        the stuck reads free them when they end (see :meth:`read_into`). ``mu`` guards ``direct_inflight``."""
         now = time.monotonic()
         for j in list(deferred):
-            tag = direct_inflight.get(j)
+            with mu:
+                tag = direct_inflight.get(j)
             if tag is None or now - tag.started <= hedge_after:
                 continue
             i = disk_idx[j]

@@ -268,6 +268,17 @@ class DirectoryTier:
             raise TierError(self.name, "open", exc.errno, f"{self.relpath(key)}: {exc.strerror}") from None
         return fd, size
 
+    def open_ahead(self, key: bytes) -> tuple[int, int] | None:
+        """Like :meth:`open_for_read` for a read that may never be issued (opened early, off the I/O path):
+        None on any failure, counting nothing; the read proper then opens the file itself and reports."""
+        size = self.index.get(key)
+        if size is None:
+            return None
+        try:
+            return os.open(self.path_for(key), self._open_flags_read), size
+        except OSError:
+            return None
+
     def present(self) -> bool:
         """True while the tier folder is still this tier (its marker is there: not unmounted or replaced)."""
         return os.path.exists(self.root / MARKER)
