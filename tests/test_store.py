@@ -131,6 +131,30 @@ def test_a_tier_is_refilled_from_its_completions_while_the_caller_holds_a_chunk(
     assert all(got[j] == data[k].tobytes() for j, k in enumerate(keys))
 
 
+def test_a_slow_caller_bounds_how_far_a_step_reads_ahead(disk_tmp):
+    # Refills from completions stop once a window's worth (all tiers: here 4 chunk files) has landed untaken,
+    # so a caller that holds its first chunk does not make the store buffer the whole step.
+    data = chunks(40)
+    cfg = config(disk_tmp, "threads", router="single:local", read_windows="fixed")
+    for tier in cfg["tiers"]:
+        tier["read_inflight_bytes"] = 2 * (64 * 1024 + 2 * HEADER_BYTES)
+    write_all(cfg, data)
+    counting = _CountingEngine(make_engine("threads"))
+    with kvstream.open_store(cfg, engine=counting) as s:
+        keys = list(data)
+        it = s.read_iter(keys)
+        got = dict([next(it)])
+        seen, stable_since = -1, time.monotonic()
+        while time.monotonic() - stable_since < 0.3:  # until the submissions stop
+            if counting.submitted["local-r"] != seen:
+                seen, stable_since = counting.submitted["local-r"], time.monotonic()
+            time.sleep(0.01)
+        assert 4 <= counting.submitted["local-r"] <= 10
+        got.update({j: bytes(v) for j, v in it})
+    assert counting.submitted["local-r"] == len(keys)
+    assert all(bytes(got[j]) == data[k].tobytes() for j, k in enumerate(keys))
+
+
 @pytest.mark.parametrize("damage", ["flip", "truncate", "delete", "foreign"])
 def test_damaged_replica_is_never_returned_and_the_other_one_is(disk_tmp, damage):
     data = chunks(6)

@@ -115,6 +115,7 @@ class _ReadTag:
     latency: float = 0.0
     target: CallerBuffer | None = None
     on_free: Callable[[], None] | None = None  # run once the read is over, if it was abandoned (stalled)
+    unread: bool = False  # counted in its step's bytes landed and not yet taken by the caller
 
 
 class _Step:
@@ -788,6 +789,11 @@ class Store:
         direct_inflight: dict[int, _ReadTag] = {}  # j -> the read writing into targets[j]
         deferred: dict[int, tuple[_ReadTag, ChunkHeader]] = {}  # j -> a won second copy waiting for that read
         opened: dict[tuple[int, int], tuple[int, int]] = {}  # (t, j) -> (fd, size) opened ahead for tier t
+        # Read-ahead bound: a refill from a completion stops while more than one window's worth (all tiers) has
+        # landed and not been taken by the caller. A caller slower than the tiers then paces the reads as it
+        # takes chunks (its own fill below), so memory held for it stays bounded whatever the step's size.
+        unread = 0
+        unread_cap = sum(budget)
         self._c["read_steps"] += 1
         if hedge_after:
             self._count_stragglers(hedge_after)
@@ -843,6 +849,7 @@ class Store:
 
         def refill(tag: _ReadTag) -> None:
             # On the ring thread, as the read's last part completes: the read is over, its tier can take more.
+            nonlocal unread
             t = tag.tier
             with mu:
                 if closed or inflight_ops[t].get(tag.idx) is not tag:
@@ -852,7 +859,11 @@ class Store:
                 if not inflight_ops[t] and busy_since[t] is not None:
                     busy[t] += time.monotonic() - busy_since[t]
                     busy_since[t] = None
-                if tag.on_free is None:  # an abandoned read's tier is stalled: do not feed it from here
+                if tag.on_free is not None:  # an abandoned read's tier is stalled: do not feed it from here
+                    return
+                tag.unread = True
+                unread += tag.size
+                if unread <= unread_cap:
                     fill(t)
 
         step.on_read_over = refill
@@ -921,9 +932,11 @@ class Store:
                     self._discard_read(tag, fd_closed=True)
                     continue
                 with mu:
+                    if tag.unread:
+                        unread -= tag.size
                     if tag.target is not None:
                         direct_inflight.pop(j, None)
-                    fill(t)  # normally a no-op (refill() did it); keeps the ring fed if that one failed
+                    fill(t)  # a no-op while refill() keeps up; feeds the ring when read-ahead was capped
                 open_ahead(t)
                 chunk = self._verify_read(tag)
                 if chunk is None:
