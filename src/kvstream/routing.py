@@ -236,42 +236,40 @@ class _MitmSchedule(ReadSchedule):
         self._lo = [h - 1 for h in self._home]
         self._hi = list(self._home)
 
-    def _next_unclaimed(self, tier: int) -> int | None:
-        """Position of the nearest unclaimed chunk this tier holds, advancing its cursors past the rest."""
+    def _nearest(self, tier: int, lo: int, hi: int) -> tuple[int | None, int, int]:
+        """From cursors ``lo`` / ``hi``: the position of the nearest unclaimed chunk this tier holds (None if
+        none), and the cursors moved past the positions that are not (claimed, or not held)."""
         order, claimed, holders = self._order, self._claimed, self._holders
-        lo, hi = self._lo[tier], self._hi[tier]
         while lo >= 0 and (claimed[lo] or tier not in holders[order[lo]]):
             lo -= 1
         while hi < self.n and (claimed[hi] or tier not in holders[order[hi]]):
             hi += 1
-        self._lo[tier], self._hi[tier] = lo, hi
         home = self._home[tier]
-        cand_lo = lo if lo >= 0 else None
-        cand_hi = hi if hi < self.n else None
-        if cand_lo is None:
-            return cand_hi
-        if cand_hi is None:
-            return cand_lo
-        return cand_lo if home - cand_lo <= cand_hi - home else cand_hi
+        if lo < 0:
+            return (hi if hi < self.n else None), lo, hi
+        if hi >= self.n:
+            return lo, lo, hi
+        return (lo if home - lo <= hi - home else hi), lo, hi
+
+    def _next_unclaimed(self, tier: int) -> int | None:
+        """Position of the nearest unclaimed chunk this tier holds, advancing its cursors past the rest."""
+        p, self._lo[tier], self._hi[tier] = self._nearest(tier, self._lo[tier], self._hi[tier])
+        return p
 
     def peek(self, tier: int, n: int) -> list[int]:
-        # _next_unclaimed's walk on copies of the cursors, marking nothing.
-        order, claimed, holders, done = self._order, self._claimed, self._holders, self._done
-        lo, hi, home = self._lo[tier], self._hi[tier], self._home[tier]
+        # The claims' walk on copies of the cursors, marking nothing.
+        lo, hi = self._lo[tier], self._hi[tier]
         out: list[int] = []
         while len(out) < n:
-            while lo >= 0 and (claimed[lo] or tier not in holders[order[lo]]):
-                lo -= 1
-            while hi < self.n and (claimed[hi] or tier not in holders[order[hi]]):
-                hi += 1
-            if lo < 0 and hi >= self.n:
+            p, lo, hi = self._nearest(tier, lo, hi)
+            if p is None:
                 break
-            if lo >= 0 and (hi >= self.n or home - lo <= hi - home):
-                p, lo = lo, lo - 1
+            if p == lo:
+                lo -= 1
             else:
-                p, hi = hi, hi + 1
-            if not done[order[p]]:
-                out.append(order[p])
+                hi += 1
+            if not self._done[self._order[p]]:
+                out.append(self._order[p])
         return out
 
     def next_claim(self, tier: int) -> list[int]:
