@@ -149,7 +149,7 @@ def test_a_slow_caller_bounds_how_far_a_step_reads_ahead(disk_tmp):
             if counting.submitted["local-r"] != seen:
                 seen, stable_since = counting.submitted["local-r"], time.monotonic()
             time.sleep(0.01)
-        assert 4 <= counting.submitted["local-r"] <= 10
+        assert 3 <= counting.submitted["local-r"] <= 10  # 2 + the first completion's refill, at least
         got.update({j: bytes(v) for j, v in it})
     assert counting.submitted["local-r"] == len(keys)
     assert all(bytes(got[j]) == data[k].tobytes() for j, k in enumerate(keys))
