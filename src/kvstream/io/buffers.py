@@ -319,10 +319,15 @@ class BufferPool:
         with self._lock:
             self._unpark_locked()
             free = self._free.get(cls)
-            if free:
+            while free:
                 buf = free.pop()
                 if buf._slab is not None:
                     buf._slab.nfree -= 1
+                if buf.exported():
+                    # Viewed again after it was released (a holder of a stale reference made a view): never hand
+                    # out a buffer someone can still see; park it until that view is gone.
+                    self._parked.append(buf)
+                    continue
                 self._in_use_bytes += cls
                 self.reuses += 1
                 return buf

@@ -23,6 +23,7 @@ from __future__ import annotations
 import errno
 import logging
 import os
+import stat
 import secrets
 import threading
 import time
@@ -249,13 +250,18 @@ class DirectoryTier:
     def open_for_read(self, key: bytes) -> tuple[int, int] | None:
         """(fd, file size) for a read of the whole chunk file, or None if the tier does not have it.
 
+        Opened with ``O_NONBLOCK`` and checked to be a regular file: a FIFO or device planted at a chunk path
+        would otherwise block the open (or the read) forever; it is quarantined and the chunk is a miss here.
+        This call may still block on slow metadata (a network file system, a throttled device): the reader runs
+        it on the tier's open threads, off the step's lock, so the hedge deadline covers it.
+
         Raises :class:`TierError` if the tier cannot open it (I/O error, the tier folder vanished): the file
         may be intact, so the key is kept; the caller reads another replica and counts a tier failure."""
         size = self.index.get(key)
         if size is None:
             return None
         try:
-            fd = os.open(self.path_for(key), self._open_flags_read)
+            fd = os.open(self.path_for(key), self._open_flags_read | os.O_NONBLOCK)
         except FileNotFoundError:
             if not self.present():  # the whole tier is gone (unmounted): a tier failure, not a lost file
                 self.counters.read_errors += 1
@@ -266,18 +272,17 @@ class DirectoryTier:
         except OSError as exc:  # EIO reading a directory block, EACCES, ESTALE: the tier fails, the file may be fine
             self.counters.read_errors += 1
             raise TierError(self.name, "open", exc.errno, f"{self.relpath(key)}: {exc.strerror}") from None
-        return fd, size
-
-    def open_ahead(self, key: bytes) -> tuple[int, int] | None:
-        """Like :meth:`open_for_read` for a read that may never be issued (opened early, off the I/O path):
-        None on any failure, counting nothing; the read proper then opens the file itself and reports."""
-        size = self.index.get(key)
-        if size is None:
-            return None
         try:
-            return os.open(self.path_for(key), self._open_flags_read), size
-        except OSError:
+            regular = stat.S_ISREG(os.fstat(fd).st_mode)
+        except OSError as exc:
+            os.close(fd)
+            self.counters.read_errors += 1
+            raise TierError(self.name, "open", exc.errno, f"{self.relpath(key)}: {exc.strerror}") from None
+        if not regular:
+            os.close(fd)
+            self.quarantine(key, "not a regular file")
             return None
+        return fd, size
 
     def present(self) -> bool:
         """True while the tier folder is still this tier (its marker is there: not unmounted or replaced)."""

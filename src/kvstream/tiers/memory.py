@@ -9,6 +9,11 @@ Invariants:
   unpooled buffers which are never cached (counted in ``overflow_buffers``).
 - a buffer returns to the pool only when its entry is evicted, and is reused only once no memoryview a caller
   got from it is alive (see kvstream.io.buffers) — so a caller never sees its bytes change.
+- a view handed to a reader is made *under this tier's lock*, while the entry is still cached (:meth:`pin`,
+  :meth:`insert_pinned`): the view is the pin. An entry found earlier and viewed later could have been evicted
+  and its buffer reused in between (another thread's put, or the step's own reads taking buffers), and the
+  view would show another chunk's bytes. Eviction may still drop a pinned entry from the cache; its buffer is
+  parked, not reused, until the last view is gone.
 """
 
 from __future__ import annotations
@@ -66,6 +71,28 @@ class HostMemoryTier:
                 if e.dirty == 0:
                     self.policy.on_access(key, meta=meta)
             return e
+
+    def pin(self, key: bytes, *, meta: AccessMeta | None = None) -> tuple[MemEntry, memoryview] | None:
+        """A hit: the entry and a read-only view of its payload, made atomically (the view pins the buffer)."""
+        with self._lock:
+            e = self.get(key, meta=meta)
+            if e is None:
+                return None
+            return e, e.payload()
+
+    def insert_pinned(self, entry: MemEntry, *, meta: AccessMeta | None = None) -> tuple[MemEntry, memoryview]:
+        """:meth:`insert` (clean), and a view of the cached entry's payload made under the same lock."""
+        with self._lock:
+            e = self.insert(entry, dirty=False, meta=meta)
+            return e, e.payload()
+
+    def evict_clean(self) -> int:
+        """Drop every clean entry (their buffers go back to the pool, or are parked while viewed)."""
+        n = 0
+        with self._lock:
+            while self._evict_one():
+                n += 1
+        return n
 
     def allocate(self, nbytes: int) -> AlignedBuffer | None:
         """A pooled buffer of at least ``nbytes``, evicting clean entries if needed; None if all memory is dirty."""

@@ -1,0 +1,497 @@
+"""The store's reader: drives one :class:`kvstream.read_step.ReadStep` per call with real files, rings and threads.
+
+Every decision (claims, windows, read-ahead, hedging, delivery, duplicates, losses, busy targets) is the read
+step's; this module only carries out its actions and feeds it events:
+
+- ``Open``: handed to the tier's open threads (``open()`` can block on a network file system, a throttled
+  device's cold metadata or a FIFO: never on the caller's thread nor under the step's lock, and the hedge
+  deadline counts from the moment the read was claimed, so a slow open is just a slow read).
+- ``Submit``: a buffer is taken (or the caller's target, for a read in place) and the read goes to the tier's
+  read ring; the ring's completion feeds ``landed`` on the ring thread, which may claim and submit that tier's
+  next reads at once, so the device never waits for the caller's thread (measured under a write stream on the
+  same disk: a refill that waits for the consumer costs the read ~25 % of its device share, BENCHMARKS §8.0).
+- The caller's thread verifies each landed read (header, key, length, checksum), feeds ``checked`` and hands
+  out what the step delivers; it ``tick``s the step when a hedge deadline passes.
+- ``Release``: the read's descriptor and buffer are freed (and, for a read into a target reported busy, the
+  target goes back to its caller through ``on_target_free``).
+
+Ownership: a read's pooled buffer belongs to the read from ``Submit`` until it is released or delivered; a
+delivered buffer becomes a host-memory entry, and the view handed to the caller pins it (never reused while
+viewed). A caller's target belongs to the store from the call until it is reported (or, when reported busy,
+until ``on_target_free``): the export that keeps it alive is dropped only then.
+
+Locking: ``_Call.mu`` guards the read step and the read table; no syscall, allocation or verification runs
+under it except ring submission bookkeeping.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from kvstream.errors import CorruptChunkError, StoreClosedError, TierError
+from kvstream.eviction import AccessMeta
+from kvstream.format import HEADER_BYTES, ChunkHeader, decode_header, verify_payload
+from kvstream.io.buffers import AlignedBuffer, CallerBuffer
+from kvstream.io.engine import IOOp, OpKind
+from kvstream.read_step import Busy, ChunkState, Deliver, Lost, Open, ReadState, ReadStep, Release, Stalled, Submit
+from kvstream.tiers.memory import MemEntry
+
+if TYPE_CHECKING:
+    from kvstream.store import Store
+
+__all__ = ["Reader", "ReadOutcome"]
+
+log = logging.getLogger("kvstream.store")
+_ENOENT = 2
+_ENFILE, _EMFILE = 23, 24
+_OPEN_THREADS = 4  # per tier: opens of one tier wait behind each other, never behind another tier's
+
+
+@dataclass(eq=False, slots=True)
+class _Tag:
+    """The driver's side of one read: what it holds (descriptor, buffer, target) and its I/O result."""
+
+    rid: int
+    tier: int
+    j: int  # chunk index within the step
+    key: bytes
+    started: float
+    fd: int = -1
+    buf: AlignedBuffer | None = None
+    pooled: bool = False
+    nbytes: int = 0
+    parts: int = 0  # ops not completed yet
+    result: int = 0  # bytes read over all parts, or the first -errno
+    latency: float = 0.0
+    target: CallerBuffer | None = None  # set for a read in place
+    header: ChunkHeader | None = None  # set once checked ok
+    late: bool = False  # registered as a straggler (the step gave up on it)
+
+
+@dataclass(frozen=True, slots=True)
+class ReadOutcome:
+    """One chunk's result from :meth:`Reader.run`. ``kind``: delivered, lost, busy, too_small."""
+
+    j: int
+    kind: str
+    source: str = ""
+    header: ChunkHeader | None = None
+    payload: memoryview | None = None  # chunks mode: the pinned payload
+
+
+class _Call:
+    """One running read step and everything its driver threads share (guarded by ``mu``)."""
+
+    def __init__(self, step: ReadStep, keys: list[bytes], mode: str, targets: list[CallerBuffer] | None,
+                 on_target_free: Callable[[int], None] | None, metas: Sequence[AccessMeta | None] | None) -> None:
+        self.step = step
+        self.keys = keys
+        self.mode = mode  # "chunks", "into" or "headers"
+        self.targets = targets
+        self.on_target_free = on_target_free
+        self.mu = threading.Lock()
+        self.cv = threading.Condition(self.mu)
+        self.q: queue.SimpleQueue[_Tag | None] = queue.SimpleQueue()  # landed reads to check; None: wake up
+        self.tags: dict[int, _Tag] = {}
+        self.metas = metas
+
+
+class Reader:
+    """Runs read steps for a :class:`kvstream.store.Store` (its tiers, rings, host memory and breakers)."""
+
+    def __init__(self, store: "Store") -> None:
+        self.store = store
+        self._openers = [ThreadPoolExecutor(max_workers=_OPEN_THREADS, thread_name_prefix=f"kvs-open-{t.name}")
+                         for t in store.tiers]
+        # Reads still in flight when their step ended (the other replica won, or the tier is stalled), per tier:
+        # id(tag) -> [started, counted]. A tier whose leftovers stay out past hedge_after_s is failing even if
+        # no step ever waited on it (windows and stealing hide a stall from the step itself).
+        self._stragglers: list[dict[int, list[Any]]] = [{} for _ in store.tiers]
+        self._straggler_lock = threading.Lock()
+
+    def close(self) -> None:
+        for ex in self._openers:  # a stuck open must not hold close(): its thread ends when the open does
+            ex.shutdown(wait=False, cancel_futures=True)
+
+    # -- one step -------------------------------------------------------------------------------------------
+    def run(self, keys: Sequence[bytes], holders: list[list[int]], mode: str, *,
+            targets: list[CallerBuffer] | None = None, on_target_free: Callable[[int], None] | None = None,
+            metas: Sequence[AccessMeta | None] | None = None,
+            on_end: Callable[[ReadStep], None] | None = None) -> Iterator[ReadOutcome]:
+        """Read ``keys`` (each held by the tiers in ``holders``). Yields one :class:`ReadOutcome` per chunk,
+        delivered ones as they land and lost ones last. ``mode``: ``chunks`` (payloads pinned in host memory),
+        ``into`` (into ``targets``), ``headers`` (4 KiB headers only). ``on_end(step)`` runs once the step is over
+        (not when the caller stops early), with the step's per-tier bytes and busy time."""
+        store = self.store
+        n_t = len(store.tiers)
+        sizes = []
+        for key, hs in zip(keys, holders):
+            size = store.tiers[hs[0]].file_size(key) if hs else None
+            sizes.append(HEADER_BYTES if mode == "headers" else (size or HEADER_BYTES))
+        windows = store.read_windows.windows()
+        in_place = None
+        in_place_tier = -1
+        if mode == "into" and targets is not None:
+            in_place = [t.capacity if t.direct_ok else 0 for t in targets]
+            # A read into a target cannot be taken back, so only the fastest tier reads in place; the others
+            # read into pooled buffers and are copied, and a steal by the fast tier lands in place while the
+            # slow tier's late copy is simply dropped.
+            in_place_tier = self._fastest_tier()
+        hedge = store.config.hedge_after_s
+        step = ReadStep(store.router.schedule(holders, n_t), sizes, windows, hedge_after_s=hedge,
+                        in_place=in_place, in_place_tier=in_place_tier,
+                        report_busy=on_target_free is not None, header_bytes=HEADER_BYTES)
+        call = _Call(step, list(keys), mode, targets, on_target_free, metas)
+        if hedge:
+            self._count_stragglers(hedge)
+        try:
+            with call.mu:
+                acts = step.start(time.monotonic())
+            yield from self._carry_out(call, acts)
+            while True:
+                with call.mu:
+                    if step.done:
+                        break
+                    deadline = step.next_deadline()
+                now = time.monotonic()
+                if deadline is not None and now >= deadline:
+                    with call.mu:
+                        acts = step.tick(now, self._usable_tiers(now))
+                    yield from self._carry_out(call, acts)
+                    deadline = None
+                    with call.mu:
+                        deadline = step.next_deadline()
+                wait = 0.5 if deadline is None else min(max(deadline - time.monotonic(), 0.0005), 0.5)
+                try:
+                    tag = call.q.get(timeout=wait)
+                except queue.Empty:
+                    continue
+                if tag is None:
+                    continue
+                with call.mu:
+                    if step.reads[tag.rid].state is not ReadState.LANDED:
+                        continue  # released meanwhile (cannot happen before close; defensive)
+                ok = self._check(call, tag)
+                with call.mu:
+                    acts = step.checked(tag.rid, time.monotonic(), ok)
+                yield from self._carry_out(call, acts)
+        finally:
+            self._end(call)
+        if on_end is not None:
+            on_end(step)
+        for j, state in enumerate(step.chunks):
+            if state is ChunkState.LOST:
+                yield ReadOutcome(j, "lost")
+
+    def _end(self, call: _Call) -> None:
+        """The consumer is done or stopped early: abandon what is in flight, free what landed, and give the
+        caller its targets back only once nothing writes into them (unless reported busy)."""
+        step = call.step
+        now = time.monotonic()
+        with call.mu:
+            acts = step.close(now)
+            wait_for = [call.tags[rid] for rid in step.in_place_pending() if rid in call.tags]
+        for a in acts:
+            if isinstance(a, Release):
+                self._release(call, call.tags.get(a.read), late=False)
+        with call.cv:
+            call.cv.wait_for(lambda: all(t.parts == 0 and t.fd < 0 for t in wait_for))
+            leftovers = [t for rid, t in call.tags.items()
+                         if step.reads[rid].state is ReadState.ABANDONED and not t.late]
+            with self._straggler_lock:
+                for t in leftovers:
+                    t.late = True
+                    self._stragglers[t.tier][id(t)] = [t.started, False]
+        for t in range(len(self.store.tiers)):
+            self.store.tiers[t].counters.read_busy_s += step.busy_s[t]
+
+    # -- actions --------------------------------------------------------------------------------------------
+    def _carry_out(self, call: _Call, acts: list[Any]) -> Iterator[ReadOutcome]:
+        """Carry out actions on the consumer's thread; yields what the step delivers."""
+        for a in acts:
+            if isinstance(a, Deliver):
+                out = self._deliver(call, call.tags[a.read])
+                if out is not None:
+                    yield out
+            elif isinstance(a, Busy):
+                self.store._c["read_into_abandoned"] += 1
+                yield ReadOutcome(a.chunk, "busy")
+            elif isinstance(a, Lost):
+                pass  # reported at the end, with those lost on other threads (step.chunks)
+            else:
+                self._act(call, a)
+
+    def _act(self, call: _Call, a: Any) -> None:
+        """Actions any thread may carry out (the consumer's, an open thread, a ring thread)."""
+        if isinstance(a, Open):
+            tag = _Tag(rid=a.read, tier=a.tier, j=a.chunk, key=call.keys[a.chunk], started=time.monotonic())
+            with call.mu:
+                call.tags[a.read] = tag
+            if a.hedged:
+                self.store._c["hedged_reads"] += 1
+            try:
+                self._openers[a.tier].submit(self._open, call, tag)
+            except RuntimeError:  # the store is closing: the open fails
+                self._open_done(call, tag, None, None)
+        elif isinstance(a, Submit):
+            self._submit(call, call.tags[a.read], a)
+        elif isinstance(a, Release):
+            self._release(call, call.tags.get(a.read), late=a.late)
+        elif isinstance(a, Stalled):
+            self.store._c["stalled_reads"] += 1
+            self.store.health[a.tier].on_failure(time.monotonic())
+
+    def _act_elsewhere(self, call: _Call, acts: list[Any]) -> None:
+        """Carry out actions on an open or ring thread. A chunk lost there is already resolved in the step (the
+        consumer reports it at the end); the consumer is woken so it sees the step may be done."""
+        for a in acts:
+            if isinstance(a, Lost):
+                call.q.put(None)
+            else:
+                self._act(call, a)
+
+    def _open(self, call: _Call, tag: _Tag) -> None:
+        """On the tier's open thread."""
+        tier = self.store.tiers[tag.tier]
+        err: TierError | None = None
+        got = None
+        try:
+            got = tier.open_for_read(tag.key)
+        except TierError as exc:
+            err = exc
+        except Exception as exc:  # noqa: BLE001 — an open thread must answer the step whatever happens
+            log.exception("read: open failed unexpectedly")
+            err = TierError(tier.name, "open", None, str(exc))
+        self._open_done(call, tag, got, err)
+
+    def _open_done(self, call: _Call, tag: _Tag, got: tuple[int, int] | None, err: TierError | None) -> None:
+        now = time.monotonic()
+        if err is not None:
+            if err.errno not in (_EMFILE, _ENFILE):  # out of descriptors is this process's shortage
+                self.store.health[tag.tier].on_failure(now)
+            log.warning("%s", err)
+        with call.mu:
+            if got is None:
+                acts = call.step.open_failed(tag.rid, now)
+            else:
+                fd, size = got
+                tag.fd = fd
+                nbytes = HEADER_BYTES if call.mode == "headers" else size
+                acts = call.step.opened(tag.rid, now, nbytes)
+                for a in acts:
+                    if isinstance(a, Submit):
+                        tag.nbytes = a.nbytes
+                        tag.parts = 2 if a.in_place else 1
+        self._act_elsewhere(call, acts)
+
+    def _submit(self, call: _Call, tag: _Tag, a: Submit) -> None:
+        memory = self.store.memory
+        ring = self.store.tiers[tag.tier].read_ring
+        if a.in_place:
+            target = call.targets[tag.j]  # type: ignore[index]
+            tag.target = target
+            tag.buf, tag.pooled = memory.allocate_or_overflow(HEADER_BYTES)
+            ops = [IOOp(kind=OpKind.READ, fd=tag.fd, buf=tag.buf, length=HEADER_BYTES, offset=0,
+                        callback=lambda op: self._on_complete(call, op), tag=tag),
+                   IOOp(kind=OpKind.READ, fd=tag.fd, buf=target, length=a.nbytes - HEADER_BYTES,  # type: ignore[arg-type]
+                        offset=HEADER_BYTES, callback=lambda op: self._on_complete(call, op), tag=tag)]
+        else:
+            tag.buf, tag.pooled = memory.allocate_or_overflow(a.nbytes)
+            ops = [IOOp(kind=OpKind.READ, fd=tag.fd, buf=tag.buf, length=a.nbytes, offset=0,
+                        callback=lambda op: self._on_complete(call, op), tag=tag)]
+        try:
+            ring.submit(ops)
+        except (StoreClosedError, OSError) as exc:
+            err = -(getattr(exc, "errno", None) or 5)
+            for op in ops:
+                op.result, op.completed_at, op.submitted_at = err, time.monotonic(), time.monotonic()
+                self._on_complete(call, op)
+
+    def _on_complete(self, call: _Call, op: IOOp) -> None:
+        """On the ring thread: one op of a read is done; when its last is, the step hears that it landed."""
+        tag: _Tag = op.tag
+        with call.mu:
+            tag.parts -= 1
+            if tag.result >= 0:
+                tag.result = op.result if op.result < 0 else tag.result + op.result
+            tag.latency = max(tag.latency, op.completed_at - op.submitted_at)
+            if tag.parts:
+                return
+            try:
+                acts = call.step.landed(tag.rid, time.monotonic())
+            except Exception:  # a ring thread must survive; never expected
+                log.exception("read: landed event failed")
+                return
+            if call.step.reads[tag.rid].state is ReadState.LANDED:
+                call.q.put(tag)
+            call.cv.notify_all()
+        try:
+            self._act_elsewhere(call, acts)
+        except Exception:  # a ring thread must survive; the consumer refills again when it checks the read
+            log.exception("read: refill from a completion failed")
+
+    def _release(self, call: _Call, tag: _Tag | None, *, late: bool) -> None:
+        """Free a read's descriptor and buffer; a straggler's end is counted against its tier; a busy target
+        goes back to its caller."""
+        if tag is None:
+            return
+        store = self.store
+        fd = tag.fd
+        tag.fd = -1
+        if fd >= 0:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        if tag.buf is not None:
+            store.memory.release(tag.buf, tag.pooled)
+            tag.buf = None
+        if late:
+            with self._straggler_lock:
+                self._stragglers[tag.tier].pop(id(tag), None)
+            if tag.result > 0:
+                store.tiers[tag.tier].counters.duplicate_chunks += 1
+            elif tag.result < 0 and -tag.result != _ENOENT:
+                # Nobody waited for this read (the other replica won), but the tier still failed it: the breaker
+                # must hear of it, or a tier that only ever loses races would never be taken out.
+                store.tiers[tag.tier].counters.read_errors += 1
+                store.health[tag.tier].on_failure(time.monotonic())
+        if tag.target is not None and call.step.reads[tag.rid].busy:  # set under mu before this Release existed
+            tag.target.release()
+            if call.on_target_free is not None:
+                try:
+                    call.on_target_free(tag.j)
+                except Exception:  # the caller's callback must not break a store thread
+                    log.exception("read_into: on_target_free raised")
+        with call.cv:
+            call.cv.notify_all()
+
+    # -- the consumer's work --------------------------------------------------------------------------------
+    def _check(self, call: _Call, tag: _Tag) -> bool:
+        """Verify a landed read (header, key, length, checksum; in the caller's target for a read in place); on
+        failure quarantine or count it. Closes the descriptor either way."""
+        store = self.store
+        tier = store.tiers[tag.tier]
+        if tag.fd >= 0:
+            os.close(tag.fd)
+            tag.fd = -1
+        where = f"{tier.name}:{tier.relpath(tag.key)}"
+        if tag.result < 0:
+            store._read_failed(tag.tier, tag.key, tag.result, where)
+            return False
+        t0 = time.perf_counter()
+        try:
+            assert tag.buf is not None
+            view = tag.buf.view(0, min(tag.result, HEADER_BYTES) if tag.target is not None else tag.result)
+            try:
+                header = decode_header(view[:HEADER_BYTES], where=where, expect_key=tag.key)
+                if call.mode != "headers":
+                    if tag.result < header.file_size:
+                        raise CorruptChunkError(where, f"truncated file ({tag.result} of {header.file_size} B)")
+                    if store.config.verify_reads:
+                        if tag.target is not None:
+                            payload = tag.target.view(0, header.payload_len)
+                        else:
+                            payload = view[HEADER_BYTES: HEADER_BYTES + header.payload_len]
+                        try:
+                            verify_payload(header, payload, where=where)
+                        finally:
+                            payload.release()
+            finally:
+                view.release()
+        except CorruptChunkError as exc:
+            tier.quarantine(tag.key, exc.reason)
+            return False
+        finally:
+            store._c["verify_seconds"] += time.perf_counter() - t0
+        c = tier.counters
+        c.read_bytes += tag.result
+        c.read_chunks += 1
+        c.note_latency(tag.latency)
+        store.health[tag.tier].on_success()
+        store._remember_meta(header)
+        tag.header = header
+        return True
+
+    def _deliver(self, call: _Call, tag: _Tag) -> ReadOutcome | None:
+        """Hand a delivered read to the caller: pinned in host memory (chunks), copied into its target (into),
+        or its header (headers). Ownership of the buffer moves to host memory or is released here."""
+        store = self.store
+        header = tag.header
+        assert header is not None
+        tier = store.tiers[tag.tier]
+        store._c["disk_hits"] += call.mode != "headers"
+        if call.mode != "headers":
+            tier.on_hit(tag.key)
+        if call.mode == "headers":
+            self._release(call, tag, late=False)
+            return ReadOutcome(tag.j, "delivered", tier.name, header)
+        if call.mode == "into":
+            if tag.target is not None:  # read in place: the payload is in the target, verified there
+                self._release(call, tag, late=False)
+                store._c["read_into_direct"] += 1
+                return ReadOutcome(tag.j, "delivered", tier.name, header)
+            target = call.targets[tag.j]  # type: ignore[index]
+            n = header.payload_len
+            if n > target.capacity:
+                self._release(call, tag, late=False)
+                return ReadOutcome(tag.j, "too_small", tier.name, header)
+            assert tag.buf is not None
+            target.view(0, n)[:] = tag.buf.view(HEADER_BYTES, HEADER_BYTES + n)
+            store._c["read_into_copied"] += 1
+            self._keep(tag, header, None)
+            return ReadOutcome(tag.j, "delivered", tier.name, header)
+        payload = self._keep(tag, header, call.metas[tag.j] if call.metas else None, want_view=True)
+        return ReadOutcome(tag.j, "delivered", tier.name, header, payload)
+
+    def _keep(self, tag: _Tag, header: ChunkHeader, meta: AccessMeta | None, *,
+              want_view: bool = False) -> memoryview | None:
+        """A delivered read's buffer: cached in host memory if pooled (the view, made under the memory lock,
+        pins it), else handed over as a view (an overflow buffer lives as long as its view)."""
+        buf, pooled = tag.buf, tag.pooled
+        tag.buf = None
+        assert buf is not None
+        if pooled:
+            _, view = self.store.memory.insert_pinned(MemEntry(key=tag.key, buf=buf, header=header), meta=meta)
+            if not want_view:
+                view.release()
+                return None
+            return view
+        if not want_view:
+            return None
+        return buf.readonly(HEADER_BYTES, HEADER_BYTES + header.payload_len)
+
+    # -- helpers --------------------------------------------------------------------------------------------
+    def _usable_tiers(self, now: float) -> list[int]:
+        return [t for t in range(len(self.store.tiers)) if self.store.health[t].usable(now)]
+
+    def _fastest_tier(self) -> int:
+        """The tier with the highest read bandwidth estimate (tier 0, the node-local one, until measured)."""
+        rw = self.store.read_windows
+        est = [rw.bandwidth_estimate(t) for t in range(len(self.store.tiers))]
+        if any(e is None for e in est):
+            return 0
+        return max(range(len(est)), key=lambda t: est[t])  # type: ignore[arg-type, return-value]
+
+    def _count_stragglers(self, hedge_after: float) -> None:
+        """Leftover reads older than ``hedge_after`` are one failure of their tier per step, however many there are
+        (a stall is one event; counting each stuck read would open the breaker on a single bad moment)."""
+        now = time.monotonic()
+        with self._straggler_lock:
+            late = []
+            for t, reads in enumerate(self._stragglers):
+                for rec in reads.values():
+                    if not rec[1] and now - rec[0] > hedge_after:
+                        rec[1] = True
+                        late.append(t)
+        self.store._c["stalled_reads"] += len(late)
+        for t in set(late):
+            self.store.health[t].on_failure(now)
