@@ -244,7 +244,10 @@ class Reader:
         elif isinstance(a, Submit):
             self._submit(call, call.tags[a.read], a)
         elif isinstance(a, Release):
-            self._release(call, call.tags.get(a.read), late=a.late)
+            tag = call.tags.get(a.read)
+            if tag is not None and call.step.reads[a.read].state is ReadState.DUPLICATE:
+                self.store.tiers[tag.tier].counters.duplicate_chunks += 1  # read, checked, not needed
+            self._release(call, tag, late=a.late)
         elif isinstance(a, Stalled):
             self.store._c["stalled_reads"] += 1
             self.store.health[a.tier].on_failure(time.monotonic())
