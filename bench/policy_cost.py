@@ -4,10 +4,18 @@
 
 What is timed (``time.perf_counter_ns`` around each single call; medians and 99th percentiles):
 
-- **scheduling decision**: one ``schedule(now)`` with ``--queued`` requests waiting (half with their KV in host
-  memory, half on disk), each decision admitting the requests that fit the slots freed by the previous step and
-  starting the loads that fit the staging memory; between decisions (not timed) two running requests finish, two
-  loads finish and as many requests arrive as were admitted, so the queue stays at its size.
+- **scheduling decision**: the policy object exactly as the serving core (:mod:`kvstream.serving.core`) builds
+  and calls it: the :class:`~kvstream.serving.core.ServingConfig` of each system (``fcfs``: FCFS;
+  ``cachedattention``: ``prefetch="lookahead:32"``; ``bidaw``: ``admit="ready", prefetch="hrrn"``), turned into
+  the policy's limits by ``serving.core.scheduler_config`` (64 running, prefetched KV held until prefilled within
+  a 4 GB budget, one background load in flight: the core's default), and one step's decision
+  ``schedule(now, check=..., reserve=...)`` with the core's two per-candidate queries answered from a table (the
+  core's own index lookups are not the policy's cost). ``--queued`` requests wait (half with their KV in host
+  memory, half on disk); each decision admits the requests that fit the slots freed by the previous step and
+  starts the load that fits. Between decisions (not timed) two running requests finish (``on_step_finished`` with
+  the admitted ones as ``prefilled``, as the core reports a step), the load in flight finishes, and as many
+  requests arrive as were admitted, so the queue stays at its size. The loads-only call the core makes on every
+  event while the GPU is busy (``schedule(now, admit=False)``) is timed too (``loads_only_*``).
 - **eviction**: one ``victim()`` plus the ``on_remove()`` of that victim, with ``--chunks`` resident chunks
   (``--chunks / 20`` conversations of 20 chunks); between evictions (not timed) a chunk of a conversation's new
   round is inserted, so the resident set stays at its size. The insert is timed separately.
@@ -31,11 +39,18 @@ import time
 from collections.abc import Callable
 
 from kvstream.eviction import AccessMeta, HitPotentialPolicy, _GhostBelady, make_eviction_policy
-from kvstream.scheduling import RequestInfo, SchedulerConfig, make_scheduler
+from kvstream.scheduling import Candidate, RequestInfo, make_scheduler
+from kvstream.serving.core import ServingConfig, scheduler_config
 
 PAPER_MS = {"scheduling": 0.62, "eviction": 0.35, "ghost": 2.86}
 GOAL_MS = 0.1
 CHUNK_BYTES = 256 * 819_200  # one 256-token chunk of OPT-13B, bytes
+# The serving configuration of each system, as the simulator and replay give it to the core.
+SERVING = {
+    "fcfs": {},
+    "cachedattention": {"prefetch": "lookahead:32"},
+    "bidaw": {"admit": "ready", "prefetch": "hrrn"},
+}
 
 
 def _summary(samples_ns: list[int]) -> dict[str, float]:
@@ -49,17 +64,27 @@ def _summary(samples_ns: list[int]) -> dict[str, float]:
 
 def bench_scheduler(name: str, queued: int, decisions: int, seed: int) -> dict[str, float]:
     rng = random.Random(seed)
-    cfg = SchedulerConfig(max_running=64, staging_bytes=4 * 1_000_000_000, window=32)
-    sched = make_scheduler(name, cfg)
+    serving = ServingConfig(max_running=64, prefetch_budget_chunks=4_000_000_000 // CHUNK_BYTES, **SERVING[name])
+    sched = make_scheduler(serving.scheduler, scheduler_config(serving, CHUNK_BYTES))
+    cfg = sched.config
+    fresh: dict[int, Candidate] = {}  # the core's answer to check(): tokens left after its GPU cache, disk bytes
     next_id = 0
     now = 0.0
 
     def arrive(on_disk: bool) -> None:
         nonlocal next_id
         disk = rng.randrange(50, 2048) * 819_200 if on_disk else 0
-        sched.on_arrival(RequestInfo(request_id=next_id, arrival=now, prompt_tokens=rng.randrange(100, 2048),
+        tokens = rng.randrange(100, 2048)
+        sched.on_arrival(RequestInfo(request_id=next_id, arrival=now, prompt_tokens=tokens,
                                      disk_bytes=disk, session=next_id), now=now)  # fmt: skip
+        fresh[next_id] = Candidate(tokens=tokens, disk_bytes=0 if name == "bidaw" else disk)
         next_id += 1
+
+    def check(rid: int) -> Candidate:
+        return fresh[rid]
+
+    def reserve(rid: int) -> bool:
+        return True
 
     for i in range(queued):
         now += 0.001
@@ -67,21 +92,27 @@ def bench_scheduler(name: str, queued: int, decisions: int, seed: int) -> dict[s
     running: list[int] = []
     loading: list[int] = []
     samples: list[int] = []
+    loads_only: list[int] = []
     gc.collect()
     gc.disable()
     try:
         for _ in range(decisions):
             t0 = time.perf_counter_ns()
-            d = sched.schedule(now=now)
+            d = sched.schedule(now=now, check=check, reserve=reserve)
             samples.append(time.perf_counter_ns() - t0)
             running.extend(d.admit)
             loading.extend(lo.request_id for lo in d.loads if lo.request_id not in d.blocking)
-            now += 0.05
+            now += 0.025
+            t0 = time.perf_counter_ns()
+            d2 = sched.schedule(now=now, admit=False)  # an event while the step runs
+            loads_only.append(time.perf_counter_ns() - t0)
+            loading.extend(lo.request_id for lo in d2.loads)
+            now += 0.025
             done, running = running[:2], running[2:]
             if len(running) + 2 > cfg.max_running:  # keep the batch below its limit so slots free up
                 done += running[:2]
                 running = running[2:]
-            sched.on_step_finished(done, now=now)
+            sched.on_step_finished(done, now=now, prefilled=[r for r in d.admit if r not in done])
             for rid in loading[:2]:
                 sched.on_load_finished(rid, now=now)
             loading = loading[2:]
@@ -90,6 +121,9 @@ def bench_scheduler(name: str, queued: int, decisions: int, seed: int) -> dict[s
     finally:
         gc.enable()
     out = _summary(samples)
+    lo = _summary(loads_only)
+    out["loads_only_median_ms"] = lo["median_ms"]
+    out["loads_only_p99_ms"] = lo["p99_ms"]
     out["queued_at_end"] = float(sched.waiting())
     return out
 
@@ -217,6 +251,8 @@ def main(argv: list[str] | None = None) -> int:
     for kind, per in results.items():
         for name, r in per.items():
             print(f"{kind:12s} {name:16s} {r['median_ms']:10.4f} {r['p99_ms']:9.4f} {PAPER_MS[kind]:9.2f} {GOAL_MS:8.2f}")
+    for name, r in results["scheduling"].items():
+        print(f"{'loads-only':12s} {name:16s} {r['loads_only_median_ms']:10.4f} {r['loads_only_p99_ms']:9.4f}")
     for name, r in results["eviction"].items():
         print(f"{'insert':12s} {name:16s} {r['insert_median_ms']:10.4f} {r['insert_p99_ms']:9.4f}")
     return 0

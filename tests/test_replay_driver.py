@@ -10,7 +10,7 @@ import heapq
 
 from _serving_fakes import LinearCost, req, run
 
-from kvstream.serving.core import LoadDone, ServingConfig, ServingCore
+from kvstream.serving.core import LoadDone, ServingConfig, ServingCore, WriteChunks
 from kvstream.serving.realtime import Clock, RealtimeBackend, RealtimeDriver
 
 
@@ -107,3 +107,69 @@ def test_identical_decisions_lmcache_like():
 
 def test_identical_decisions_bidaw():
     _compare(ServingConfig(admit="ready", prefetch="hrrn"))
+
+
+class WindowBackend(FakeRTBackend):
+    """A backend whose host-memory policy is queue-aware: it records every window it is given."""
+
+    wants_window = True
+
+    def __init__(self, *a, **kw):
+        super().__init__(*a, **kw)
+        self.windows: list = []
+
+    def set_window(self, sessions):
+        self.windows.append(list(sessions))
+
+
+def test_replay_passes_the_policys_lookahead_window_to_queue_aware_eviction():
+    reqs = [req(i, 0.01 * i, 512, out=2, session=f"user{i % 7}") for i in range(30)]
+    disk = [c for r in reqs for c in r.chunk_ids]
+    cfg = ServingConfig(prefetch="lookahead:4")
+    clock = VirtualClock()
+    be = WindowBackend(clock, disk, 0.02, 0.05)
+    clock.backend = be
+    core = ServingCore(LinearCost(), be.lookup, cfg, chunk_bytes=1)
+    windows_seen: list = []
+    real = core.window_sessions
+    core.window_sessions = lambda *a: windows_seen.append(real(*a)) or windows_seen[-1]  # type: ignore[method-assign]
+    log: list = []
+    RealtimeDriver(core, be, reqs, clock=clock, sample_every_s=1e9, record=log).run()
+    assert core.finished == len(reqs)
+    assert len(be.windows) == len(log)  # after every event, as the simulator's driver does
+    assert be.windows == windows_seen and any(len(w) == 4 for w in be.windows)  # the CachedAttention window (W=4)
+    # No window for a policy without one, nor for a backend whose eviction is not queue-aware.
+    be2 = WindowBackend(VirtualClock(), disk, 0.02, 0.05)
+    assert not RealtimeDriver(ServingCore(LinearCost(), be2.lookup, ServingConfig(), chunk_bytes=1), be2, [])._window
+    be3 = FakeRTBackend(VirtualClock(), disk, 0.02, 0.05)
+    assert not RealtimeDriver(ServingCore(LinearCost(), be3.lookup, cfg, chunk_bytes=1), be3, [])._window
+
+
+def test_store_backend_tags_sessions_on_reads_and_protects_the_window(tmp_path):
+    from kvstream.serving.core import StartLoad
+    from kvstream.serving.storebackend import StoreBackend
+    from kvstream.store import open_store
+
+    store = open_store({"tiers": [{"name": "local", "path": str(tmp_path / "t"), "capacity_bytes": 1 << 26}],
+                        "memory_bytes": 1 << 24, "memory_eviction": "queue-aware", "router": "single:local",
+                        "replication": "single", "create_dirs": True})
+    be = StoreBackend(store, model="m", chunk_bytes=4096, workers=1)
+    try:
+        assert be.wants_window
+        for c in ("a0", "a1", "b0"):
+            be.write(WriteChunks(request_id=0, chunk_ids=(c,), first_position=0))
+        be.flush()
+        store.drain(timeout=30)
+        got: list = []
+        be._load(StartLoad(load_id=1, items=((0, ("a0", "a1")), (1, ("b0",))), background=True,
+                           metas=(("user-a", 10), ("user-b", None))), got.append)
+        assert got[0].available == ((0, 2), (1, 1))
+        pol = store.memory.policy
+        be.set_window(["user-a"])
+        assert pol.is_protected(be.key("a0")) and pol.is_protected(be.key("a1"))
+        assert not pol.is_protected(be.key("b0"))
+        be.set_window([])
+        assert not pol.is_protected(be.key("a0"))
+    finally:
+        be.close()
+        store.close()

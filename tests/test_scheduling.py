@@ -155,7 +155,101 @@ def test_cachedattention_prefetches_the_lookahead_window_only() -> None:
     assert [lo.request_id for lo in d.loads] == ["w2"]  # the window moved on
     s.on_step_finished(["w0"], now=7.0)
     d = s.schedule(now=7.0)
-    assert d.admit == ("w1",) and d.blocking == ("w1",)  # its prefetch is still in flight: the step waits
+    # w1's prefetch is still in flight: it waits for it, and nothing behind it passes (the step does not wait)
+    assert d.admit == () and d.blocking == ()
+    s.on_load_finished("w1", now=7.5)
+    assert s.schedule(now=7.5).admit == ("w1",)
+
+
+def test_cachedattention_head_that_can_never_be_staged_loads_synchronously() -> None:
+    s = CachedAttentionScheduler(SchedulerConfig(max_running=1, window=4, staging_bytes=GB))
+    s.on_arrival(req("run", 0.0), now=0.0)
+    s.on_arrival(req("a", 1.0), now=1.0)  # KV in host memory at arrival
+    s.on_arrival(req("b", 2.0, disk=GB), now=2.0)
+    assert s.schedule(now=2.0).admit == ("run",)
+    assert s.staging_used == GB  # b is staged behind a
+    s.on_kv_evicted("a", disk_bytes=GB // 2, now=3.0)  # a's KV left host memory: it needs disk now
+    s.on_step_finished(["run"], now=3.0)
+    d = s.schedule(now=3.0)  # a cannot be staged while b holds the staging memory, and b waits behind a
+    assert d.admit == ("a",) and d.blocking == ("a",) and [lo.request_id for lo in d.loads] == ["a"]
+    none = CachedAttentionScheduler(SchedulerConfig(window=0))
+    none.on_arrival(req("x", 0.0, disk=GB), now=0.0)
+    assert none.schedule(now=0.0).blocking == ("x",)  # no window: FCFS
+
+
+def test_driver_checks_candidates_and_reserves_its_own_resources() -> None:
+    """check: the driver's fresh view (tokens, disk bytes now); reserve: resources the scheduler does not track."""
+    from kvstream.scheduling import Candidate
+
+    s = BidawScheduler(SchedulerConfig(max_prefill_tokens=1000))
+    for i in range(4):
+        s.on_arrival(req(i, float(i), tokens=900), now=float(i))
+    fresh = {0: Candidate(tokens=100), 1: Candidate(tokens=50, disk_bytes=GB), 2: Candidate(tokens=800),
+             3: Candidate(tokens=10)}
+    asked: list = []
+    d = s.schedule(now=5.0, check=lambda rid: asked.append(rid) or fresh[rid], reserve=lambda rid: rid != 3)
+    # 0 fits with its fresh token count; 1 lost its KV: back to preparing (and loaded); 2 fits (100 + 800);
+    # 3 fits the tokens but the driver has no room for it: admission stops there.
+    assert d.admit == (0, 2) and [lo.request_id for lo in d.loads] == [1]
+    assert s.state_of(1) is RequestState.LOADING and s.state_of(3) is RequestState.READY
+    assert asked == [0, 1, 2, 3]
+    assert s.schedule(now=5.0, check=lambda rid: None).admit == ()  # None: stop at once
+    f = FCFSScheduler()
+    f.on_arrival(req("x", 0.0), now=0.0)  # READY at arrival, but its KV is on disk by admission time
+    d = f.schedule(now=1.0, check=lambda rid: Candidate(tokens=5, disk_bytes=GB))
+    assert d.admit == ("x",) and d.blocking == ("x",) and d.loads[0].nbytes == GB
+
+
+def test_first_request_of_each_decision_fits_the_token_budget_even_while_others_run() -> None:
+    s = FCFSScheduler(SchedulerConfig(max_prefill_tokens=1000))
+    s.on_arrival(req("a", 0.0, tokens=10), now=0.0)
+    assert s.schedule(now=0.0).admit == ("a",)
+    s.on_arrival(req("long", 1.0, tokens=5000), now=1.0)
+    s.on_arrival(req("b", 2.0, tokens=10), now=2.0)
+    assert s.schedule(now=2.0).admit == ("long",)  # its step's only prefill; "a" keeps decoding
+    assert s.schedule(now=3.0).admit == ("b",)
+
+
+def test_admit_false_decides_loads_only_and_max_loading_caps_them() -> None:
+    s = BidawScheduler(SchedulerConfig(max_loading=2))
+    s.on_arrival(req("r", 0.0), now=0.0)
+    for i in range(3):
+        s.on_arrival(req(i, 0.0, disk=GB * (i + 1)), now=0.0)
+    d = s.schedule(now=1.0, admit=False)
+    assert d.admit == () and [lo.request_id for lo in d.loads] == [0, 1]  # two in flight at most
+    s.on_load_finished(0, now=2.0)
+    assert [lo.request_id for lo in s.schedule(now=2.0, admit=False).loads] == [2]
+    assert s.schedule(now=2.0).admit == ("r", 0)
+
+
+def test_release_staging_at_prefill_holds_the_bytes_until_the_gpu_has_them() -> None:
+    s = BidawScheduler(SchedulerConfig(staging_bytes=GB, release_staging="prefill"))
+    s.on_arrival(req("a", 0.0, disk=GB), now=0.0)
+    s.on_arrival(req("b", 0.0, disk=GB), now=0.0)
+    assert [lo.request_id for lo in s.schedule(now=0.0).loads] == ["a"]
+    s.on_load_finished("a", now=1.0)
+    d = s.schedule(now=1.0)
+    assert d.admit == ("a",) and d.loads == ()  # admitted, but its KV still holds the staging memory
+    s.on_step_finished([], now=2.0, prefilled=["a"])
+    assert [lo.request_id for lo in s.schedule(now=2.0).loads] == ["b"]
+    with pytest.raises(UsageError, match="prefilled in state"):
+        s.on_step_finished([], now=3.0, prefilled=["b"])
+
+
+def test_window_sessions_follow_each_policys_serving_order() -> None:
+    b = BidawScheduler(SchedulerConfig(max_running=1, window=3))
+    b.on_arrival(req("busy", 0.0), now=0.0)
+    b.schedule(now=0.0)
+    b.on_arrival(req("p1", 1.0, disk=GB, session="s-p1"), now=1.0)
+    b.on_arrival(req("r1", 2.0, session="s-r1"), now=2.0)
+    b.on_arrival(req("p2", 3.0, disk=GB, session="s-p2"), now=3.0)
+    b.on_arrival(req("r2", 4.0, session="s-r2"), now=4.0)
+    assert b.window_sessions() == ["s-r1", "s-r2", "s-p1"]  # ready queue first, then preparing by arrival
+    assert b.window_sessions(10) == ["s-r1", "s-r2", "s-p1", "s-p2"]
+    f = make_scheduler("fcfs", SchedulerConfig(window=2))
+    for i in range(3):
+        f.on_arrival(req(i, float(i), disk=GB * (i % 2), session=f"u{i}"), now=float(i))
+    assert f.window_sessions() == ["u0", "u1"]
 
 
 def test_batch_limits_slots_and_prefill_tokens() -> None:

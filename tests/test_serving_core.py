@@ -230,3 +230,72 @@ def test_hbm_invariants_under_random_use():
         assert h.used <= h.capacity and h.running() == 0
 
     check()
+
+
+def test_the_core_admits_what_its_scheduling_policy_decides():
+    """The batch order is the policy object's: a last-come-first-served policy reverses it, and the core's
+    queries reach the policy (it would fail if the core kept decisions of its own)."""
+    from _serving_fakes import FakeStorage, LinearCost
+    from kvstream.scheduling import BidawScheduler, CachedAttentionScheduler, FCFSScheduler
+    from kvstream.serving.core import scheduler_config
+    from kvstream.sim.driver import SimNode
+    from kvstream.sim.engine import EventLoop
+
+    class LastComeFirst(FCFSScheduler):
+        asked: list = []
+
+        def _enqueue(self, rid):
+            arrival, seq = self._order[rid]
+            self._queue[(-arrival, -seq)] = rid
+
+        def schedule(self, *, now, admit=True, check=None, reserve=None):
+            if admit and self._queue and check is not None:
+                self.asked.append(self._queue.peekitem(0)[1])
+            return super().schedule(now=now, admit=admit, check=check, reserve=reserve)
+
+    cfg = ServingConfig(max_batch_tokens=256)  # one 512-token prompt per step
+
+    def first_tokens(scheduler):
+        loop = EventLoop()
+        st = FakeStorage(loop)
+        core = ServingCore(LinearCost(), st.lookup, cfg, chunk_bytes=1, scheduler=scheduler)
+        node = SimNode(loop, core, st, [req(0, 0.0, 512)] + [req(i, 0.1 * i, 512) for i in (1, 2, 3)])
+        node.start()
+        loop.run()
+        assert core.finished == 4
+        return sorted((r.first_token, r.request_id) for r in core.metrics.requests)
+
+    assert [rid for _, rid in first_tokens(None)] == [0, 1, 2, 3]  # the configured FCFS policy
+    lcfs = LastComeFirst(scheduler_config(cfg, chunk_bytes=1))
+    assert [rid for _, rid in first_tokens(lcfs)] == [0, 3, 2, 1]
+    assert lcfs.asked[:4] == [0, 3, 2, 1] and lcfs.running == frozenset()
+    # The configuration names the policy object the core drives.
+    for c, cls in ((ServingConfig(), FCFSScheduler), (ServingConfig(prefetch="lookahead:4"), CachedAttentionScheduler),
+                   (ServingConfig(admit="ready", prefetch="hrrn"), BidawScheduler)):
+        core = ServingCore(LinearCost(), lambda ids: (0, 0), c, chunk_bytes=1)
+        assert type(core.scheduler) is cls
+    assert ServingCore(LinearCost(), lambda ids: (0, 0), ServingConfig(prefetch="lookahead:4"),
+                       chunk_bytes=1).scheduler.config.window == 4
+    with pytest.raises(UsageError, match="admit='ready'"):
+        ServingConfig(prefetch="hrrn")
+
+
+def test_bidaw_ready_request_whose_host_kv_was_evicted_goes_back_to_preparing():
+    """The policy decides (Bidaw: back to the preparing queue, loaded in the background); the core only reports
+    that the candidate now needs disk."""
+    from _serving_fakes import FakeStorage, LinearCost
+
+    from kvstream.scheduling import RequestState
+    from kvstream.sim.engine import EventLoop
+
+    b = req(1, 0.01, 512)  # in host memory at arrival
+    st = FakeStorage(EventLoop(), disk=set(b.chunk_ids), host=set(b.chunk_ids))
+    core = ServingCore(LinearCost(), st.lookup, ServingConfig(admit="ready", prefetch="hrrn"), chunk_bytes=1)
+    core.handle(Arrival(request=req(9, 0.0, 10_000)), 0.0)  # keeps the GPU busy
+    core.handle(Arrival(request=b), 0.01)
+    assert core.scheduler.state_of(1) is RequestState.READY
+    st.host.clear()  # evicted while it waited
+    acts = core.handle(StepDone(step_id=0), 10.2)
+    loads = [a for a in acts if isinstance(a, StartLoad)]
+    assert [(ld.background, ld.items[0][0]) for ld in loads] == [(True, 1)]
+    assert core.scheduler.state_of(1) is RequestState.LOADING

@@ -5,15 +5,20 @@ Three policies behind one protocol:
 - :class:`FCFSScheduler` — what vLLM with LMCache does today: requests join the batch in arrival order; a request
   whose KV is on disk is loaded *synchronously* when its turn comes, and the step waits for that load (the
   decision lists it in ``blocking``). A long load at the head blocks everyone behind it.
-- :class:`CachedAttentionScheduler` — CachedAttention-style (ATC'24): the same FCFS admission, plus a look-ahead
-  window over the first ``window`` waiting requests whose disk KV is prefetched into host memory ahead of their
-  turn (bounded by the staging memory). :meth:`~CachedAttentionScheduler.window_sessions` tells a queue-aware
-  eviction policy what the window will need.
+- :class:`CachedAttentionScheduler` — CachedAttention-style (ATC'24): FCFS admission plus a look-ahead window
+  over the first ``window`` waiting requests whose disk KV is prefetched into host memory ahead of their turn
+  (bounded by the staging memory). A head of the queue whose prefetch is still to come or in flight waits for it
+  (no skipping; the GPU keeps decoding); only a head that could never be staged (the staging memory is held by
+  requests queued behind it) is admitted with a synchronous load, as FCFS would.
 - :class:`BidawScheduler` — Bidaw's I/O-aware scheduler: a *ready* queue (KV in host memory, or none needed) and
   a *preparing* queue (KV on disk). The engine runs only ready requests, in arrival order. Preparing requests are
   loaded in disk-HRRN order — highest ``1 + waiting_time / kv_bytes`` first, so small loads go first and a large
   one's ratio grows until it wins (no starvation) — while the bytes being staged in host memory stay within
-  ``staging_bytes``. A load's request moves to the ready queue when the driver reports it finished.
+  ``staging_bytes`` and at most ``max_loading`` loads are in flight. A load's request takes its arrival-order place
+  in the ready queue when the driver reports it finished.
+
+:meth:`Scheduler.window_sessions` tells a queue-aware eviction policy (:class:`~kvstream.eviction.QueueAwarePolicy`)
+the sessions of the first waiting requests, in the order the policy will serve them.
 
 Driving protocol (a discrete-event simulator and a real serving loop do the same; time is always passed in)::
 
@@ -28,8 +33,21 @@ Driving protocol (a discrete-event simulator and a real serving loop do the same
     sched.on_kv_evicted(9, disk_bytes=..., now=t4)  # optional: a waiting READY request lost its KV to eviction
 
 Call ``schedule`` whenever something changed (arrival, load finished, step finished); it is cheap and idempotent
-when nothing changed. The same calls exist as event objects for drivers that queue events:
-``sched.handle(Arrival(...))`` etc.
+when nothing changed. Each call that admits is one step's admission (a fresh prefill-token budget). A driver
+whose GPU is busy asks for loads only (``schedule(now=t, admit=False)``) and admits when it plans the next step.
+The same calls exist as event objects for drivers that queue events: ``sched.handle(Arrival(...))`` etc.
+
+A driver that knows more than the scheduler at admission time (a serving loop: its prefix cache may hold more of
+a prompt than at arrival, host memory may have lost a waiting request's KV, GPU memory may be full) passes two
+synchronous queries, asked for each candidate in the policy's order::
+
+    d = sched.schedule(now=t, check=lambda rid: Candidate(tokens=..., disk_bytes=...),  # or None: stop here
+                       reserve=lambda rid: gpu_has_room_for(rid))                      # False: stop here
+
+``check`` reports what the candidate needs *now* (``disk_bytes`` > 0 for a READY request: its KV left host
+memory; Bidaw sends it back to preparing, FCFS-style policies load it synchronously); ``reserve`` is asked once
+the candidate fits the batch limits, and must take the resource it checks (it is the last word before admission).
+The policy decides everything else: order, limits, which loads start, what waits.
 
 Request lifecycle (one table, checked on every transition; an illegal one raises
 :class:`~kvstream.errors.UsageError` naming the request, the event and the state)::
@@ -38,31 +56,35 @@ Request lifecycle (one table, checked on every transition; an illegal one raises
                     (new)     -> PREPARING   otherwise
     schedule:       PREPARING -> LOADING     load started (in decision.loads)
                     READY     -> RUNNING     admitted (in decision.admit)
-                    PREPARING -> RUNNING     admitted with a synchronous load (FCFS, CachedAttention: in loads
-                    LOADING   -> RUNNING       and/or blocking)
+                    PREPARING -> RUNNING     admitted with a synchronous load (FCFS, CachedAttention's
+                                             fallback: in loads and blocking)
     load finished:  LOADING   -> READY
                     RUNNING   -> RUNNING     (a synchronous load completing; nothing changes)
     kv evicted:     READY     -> PREPARING   (its KV must come from disk again)
     step finished:  RUNNING   -> (gone)
 
 Staging memory (``staging_bytes``): the disk bytes of requests whose load was started and which have not yet
-been admitted (LOADING, or READY after a load). It bounds prefetching only; a synchronous load at admission is
-part of the step and does not count. Invariant: staged bytes never exceed ``staging_bytes``, except by one load
-that is larger than the whole budget, started alone when nothing else is staged (or it would never run).
+been admitted (LOADING, or READY after a load) — or, with ``release_staging="prefill"``, not yet prefilled (the
+driver lists them in ``on_step_finished(..., prefilled=...)``: a serving loop holds the staged KV until the GPU
+has it). It bounds prefetching only; a synchronous load at admission is part of the step and does not count.
+Invariant: staged bytes never exceed ``staging_bytes``, except by one load that is larger than the whole budget,
+started alone when nothing else is staged (or it would never run).
 
 Batch limits: ``max_running`` requests in the batch at once, and ``max_prefill_tokens`` new tokens to compute
-per step (a request's ``prefill_tokens``); admission stops at the first request that does not fit (no
-skipping), except that an empty batch always admits its first candidate.
+per step (a request's ``prefill_tokens``, or what ``check`` says); admission stops at the first request that
+does not fit (no skipping), except that the first request a decision admits always fits the token budget (a
+prompt longer than the budget is its step's only prefill).
 """
 
 from __future__ import annotations
 
 import enum
+import heapq
 from abc import ABC, abstractmethod
-from collections.abc import Hashable, Iterable
+from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass
 from itertools import islice
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 from sortedcontainers import SortedDict
@@ -73,6 +95,7 @@ __all__ = [
     "RequestInfo",
     "RequestState",
     "SchedulerConfig",
+    "Candidate",
     "LoadOrder",
     "StepDecision",
     "Arrival",
@@ -133,10 +156,25 @@ class SchedulerConfig:
     max_prefill_tokens: int = 1 << 62  # new tokens to compute per step (all admitted requests together)
     staging_bytes: int = 1 << 62  # host memory that started-but-not-admitted loads may hold
     window: int = 32  # CachedAttention: look-ahead window (waiting requests whose KV is prefetched)
+    max_loading: int = 1 << 62  # prefetch loads in flight at once (LOADING requests)
+    release_staging: str = "admit"  # "admit" | "prefill": when a staged request's bytes stop counting
 
     def __post_init__(self) -> None:
-        if self.max_running < 1 or self.max_prefill_tokens < 1 or self.staging_bytes < 1 or self.window < 0:
+        if (self.max_running < 1 or self.max_prefill_tokens < 1 or self.staging_bytes < 1 or self.window < 0
+                or self.max_loading < 1 or self.release_staging not in ("admit", "prefill")):
             raise UsageError(f"scheduler config out of range: {self}")
+
+
+class Candidate(NamedTuple):
+    """A driver's answer about an admission candidate (``schedule(check=...)``): what it needs now. (A named
+    tuple, not a dataclass: a serving loop builds one per candidate per step.)"""
+
+    tokens: int  # tokens the step must compute for it now (>= 0)
+    disk_bytes: int = 0  # bytes of its KV that must come from disk now (0: in host memory, or staged by its load)
+
+
+Check = Callable[[Hashable], "Candidate | None"]  # None: the candidate cannot join this step (admission stops)
+Reserve = Callable[[Hashable], bool]  # False: a resource the scheduler does not track is full (admission stops)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -179,6 +217,7 @@ class LoadFinished:
 class StepFinished:
     finished: tuple[Hashable, ...]  # requests that completed in the step
     now: float
+    prefilled: tuple[Hashable, ...] = ()  # running requests whose prefill ran in the step
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -203,8 +242,7 @@ def disk_hrrn(waiting_s: float, kv_bytes: int) -> float:
 _S = RequestState
 _LEGAL: dict[str, frozenset[tuple[RequestState | None, RequestState | None]]] = {
     "arrival": frozenset({(None, _S.READY), (None, _S.PREPARING)}),
-    "schedule": frozenset({(_S.PREPARING, _S.LOADING), (_S.READY, _S.RUNNING), (_S.PREPARING, _S.RUNNING),
-                           (_S.LOADING, _S.RUNNING)}),  # fmt: skip
+    "schedule": frozenset({(_S.PREPARING, _S.LOADING), (_S.READY, _S.RUNNING), (_S.PREPARING, _S.RUNNING)}),
     "load finished": frozenset({(_S.LOADING, _S.READY), (_S.RUNNING, _S.RUNNING)}),
     "kv evicted": frozenset({(_S.READY, _S.PREPARING)}),
     "step finished": frozenset({(_S.RUNNING, None)}),
@@ -224,6 +262,7 @@ class Scheduler(ABC):
         self._staged: dict[Hashable, int] = {}  # request -> bytes it holds in staging (loaded, not admitted)
         self._staging_used = 0
         self._running: set[Hashable] = set()
+        self._n_loading = 0  # LOADING requests (prefetch loads in flight)
         self._seq = 0
         self._order: dict[Hashable, tuple[float, int]] = {}  # request -> (arrival, seq): the FCFS key
 
@@ -267,6 +306,16 @@ class Scheduler(ABC):
     def _fits_staging(self, nbytes: int) -> bool:
         return self._staging_used + nbytes <= self.config.staging_bytes or self._staging_used == 0
 
+    def _can_start_load(self, nbytes: int) -> bool:
+        return self._n_loading < self.config.max_loading and self._fits_staging(nbytes)
+
+    def _start_load(self, rid: Hashable, priority: float) -> LoadOrder:
+        nbytes = self._disk[rid]
+        self._move(rid, "schedule", _S.LOADING)
+        self._stage(rid, nbytes)
+        self._n_loading += 1
+        return LoadOrder(request_id=rid, nbytes=nbytes, priority=priority)
+
     # -- events -------------------------------------------------------------------------------------------------
     def on_arrival(self, request: RequestInfo, *, now: float) -> None:
         rid = request.request_id
@@ -284,6 +333,7 @@ class Scheduler(ABC):
             self._move(request_id, "load finished", _S.RUNNING)
             return
         self._move(request_id, "load finished", _S.READY)
+        self._n_loading -= 1
         self._loaded(request_id)
 
     def on_kv_evicted(self, request_id: Hashable, *, disk_bytes: int, now: float) -> None:
@@ -294,9 +344,18 @@ class Scheduler(ABC):
         self._disk[request_id] = disk_bytes
         self._evicted(request_id)
 
-    def on_step_finished(self, finished: Iterable[Hashable], *, now: float) -> None:
+    def on_step_finished(self, finished: Iterable[Hashable], *, now: float, prefilled: Iterable[Hashable] = ()) -> None:
+        """``finished``: requests that completed in the step and leave. ``prefilled``: running requests whose prefill
+        ran in the step (their staged KV is on the GPU now; matters with ``release_staging="prefill"``)."""
+        for rid in prefilled:
+            if self._state.get(rid) is not _S.RUNNING:
+                where = self._state.get(rid)
+                raise UsageError(f"{self.name} scheduler: request {rid!r} reported prefilled in state "
+                                 f"{'unknown' if where is None else where.value}")
+            self._unstage(rid)
         for rid in finished:
             self._move(rid, "step finished", None)
+            self._unstage(rid)
             self._running.discard(rid)
             self._info.pop(rid, None)
             self._disk.pop(rid, None)
@@ -309,7 +368,7 @@ class Scheduler(ABC):
         elif isinstance(event, LoadFinished):
             self.on_load_finished(event.request_id, now=event.now)
         elif isinstance(event, StepFinished):
-            self.on_step_finished(event.finished, now=event.now)
+            self.on_step_finished(event.finished, now=event.now, prefilled=event.prefilled)
         elif isinstance(event, KVEvicted):
             self.on_kv_evicted(event.request_id, disk_bytes=event.disk_bytes, now=event.now)
         else:
@@ -317,12 +376,37 @@ class Scheduler(ABC):
 
     # -- batch limits ---------------------------------------------------------------------------------------------
     def _admission(self) -> _Admission:
-        return _Admission(self.config.max_running - len(self._running), self.config.max_prefill_tokens, not self._running)
+        return _Admission(self.config.max_running - len(self._running), self.config.max_prefill_tokens)
+
+    def _ask(self, rid: Hashable, check: Check | None) -> Candidate | None:
+        """What the candidate needs now: the driver's answer, or what the scheduler was told."""
+        if check is not None:
+            return check(rid)
+        return Candidate(tokens=self._info[rid].compute_tokens,
+                         disk_bytes=0 if self._state[rid] is _S.READY else self._disk[rid])
 
     def _admit(self, rid: Hashable) -> None:
         self._move(rid, "schedule", _S.RUNNING)
         self._running.add(rid)
-        self._unstage(rid)
+        if self.config.release_staging == "admit":
+            self._unstage(rid)
+
+    # -- queue-aware eviction ------------------------------------------------------------------------------------
+    def window_sessions(self, window: int | None = None) -> list[Hashable]:
+        """Sessions of the first ``window`` (default ``config.window``) waiting requests, in the order this policy
+        will serve them (for :class:`~kvstream.eviction.QueueAwarePolicy`'s ``set_window``)."""
+        n = self.config.window if window is None else window
+        out: list[Hashable] = []
+        if n <= 0:
+            return out
+        for rid in self._serving_order():
+            s = self._info[rid].session
+            if s is not None:
+                out.append(s)
+            n -= 1
+            if n == 0:
+                break
+        return out
 
     # -- policy hooks -------------------------------------------------------------------------------------------
     @abstractmethod
@@ -335,28 +419,33 @@ class Scheduler(ABC):
     def _evicted(self, rid: Hashable) -> None: ...
 
     @abstractmethod
-    def schedule(self, *, now: float) -> StepDecision: ...
+    def _serving_order(self) -> Iterable[Hashable]:
+        """Waiting requests, lazily, in the order this policy will admit them (as far as it is known now)."""
+
+    @abstractmethod
+    def schedule(self, *, now: float, admit: bool = True, check: Check | None = None,
+                 reserve: Reserve | None = None) -> StepDecision:
+        """Decide loads and (with ``admit``) one step's admission. ``check`` / ``reserve``: see the module docstring."""
 
 
 class _Admission:
-    """Remaining room in one step: request slots and prefill tokens; the first request of an empty batch always fits."""
+    """Remaining room in one step: request slots and prefill tokens; the decision's first request always fits the
+    token budget (a prompt longer than the budget runs as its step's only prefill)."""
 
-    __slots__ = ("slots", "tokens", "force")
+    __slots__ = ("slots", "tokens", "first")
 
-    def __init__(self, slots: int, tokens: int, force: bool) -> None:
+    def __init__(self, slots: int, tokens: int) -> None:
         self.slots = slots
         self.tokens = tokens
-        self.force = force
+        self.first = True
 
-    def take(self, tokens: int) -> bool:
-        if self.slots <= 0:
-            return False
-        if tokens > self.tokens and not self.force:
-            return False
-        self.force = False
+    def fits(self, tokens: int) -> bool:
+        return self.slots > 0 and (tokens <= self.tokens or self.first)
+
+    def take(self, tokens: int) -> None:
+        self.first = False
         self.slots -= 1
         self.tokens -= tokens
-        return True
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -381,61 +470,77 @@ class FCFSScheduler(Scheduler):
     def _evicted(self, rid: Hashable) -> None:
         pass
 
-    def _admit_in_order(self, now: float) -> tuple[list[Hashable], list[LoadOrder], list[Hashable]]:
+    def _serving_order(self) -> Iterable[Hashable]:
+        return self._queue.values()
+
+    def _head_waits(self, rid: Hashable, state: RequestState) -> bool:
+        """True: admission stops at this head (CachedAttention: it waits for its prefetch)."""
+        return False
+
+    def _admit_in_order(self, check: Check | None, reserve: Reserve | None
+                        ) -> tuple[list[Hashable], list[LoadOrder], list[Hashable]]:
         room = self._admission()
         admit: list[Hashable] = []
         loads: list[LoadOrder] = []
         blocking: list[Hashable] = []
-        while self._queue:
-            key, rid = self._queue.peekitem(0)
-            if not room.take(self._info[rid].compute_tokens):
+        queue = self._queue
+        while queue and room.slots > 0:
+            key, rid = queue.peekitem(0)
+            if self._head_waits(rid, self._state[rid]):
                 break
-            del self._queue[key]
-            state = self._state[rid]
-            if state is _S.PREPARING:
-                loads.append(LoadOrder(request_id=rid, nbytes=self._disk[rid], priority=float(len(admit))))
+            c = check(rid) if check is not None else self._ask(rid, None)
+            if c is None or not room.fits(c.tokens) or (reserve is not None and not reserve(rid)):
+                break
+            room.take(c.tokens)
+            del queue[key]
+            if c.disk_bytes > 0:  # loaded synchronously: part of the step, which waits for it
+                loads.append(LoadOrder(request_id=rid, nbytes=c.disk_bytes, priority=float(len(admit))))
                 blocking.append(rid)
-            elif state is _S.LOADING:
-                blocking.append(rid)  # a prefetch still in flight: the step waits for it
             self._admit(rid)
             admit.append(rid)
         return admit, loads, blocking
 
-    def schedule(self, *, now: float) -> StepDecision:
-        admit, loads, blocking = self._admit_in_order(now)
-        return StepDecision(now=now, admit=tuple(admit), loads=tuple(loads), blocking=tuple(blocking),
+    def schedule(self, *, now: float, admit: bool = True, check: Check | None = None,
+                 reserve: Reserve | None = None) -> StepDecision:
+        if not admit:
+            return StepDecision(now=now, running=len(self._running))
+        adm, loads, blocking = self._admit_in_order(check, reserve)
+        return StepDecision(now=now, admit=tuple(adm), loads=tuple(loads), blocking=tuple(blocking),
                             running=len(self._running))  # fmt: skip
 
 
 class CachedAttentionScheduler(FCFSScheduler):
     """FCFS admission plus a look-ahead window: the disk KV of the first ``config.window`` waiting requests is
-    prefetched (in queue order, within ``staging_bytes``) so it is in host memory by the time they are admitted.
-    A request admitted before its prefetch finished still blocks the step (listed in ``blocking``)."""
+    prefetched (in queue order, within ``staging_bytes`` and ``max_loading``) so it is in host memory by the time
+    they are admitted. The head of the queue waits while its prefetch is in flight, or still to start: requests
+    behind it do not pass (FCFS), but the step does not wait for a load either (the GPU keeps decoding). A head
+    that could never be staged — everything staged is queued behind it, so nothing would free room — or any head
+    with ``window=0`` is admitted with a synchronous load, as :class:`FCFSScheduler` does."""
 
     name = "cachedattention"
 
-    def window_sessions(self) -> list[Hashable]:
-        """Sessions of the requests in the look-ahead window (for :class:`~kvstream.eviction.QueueAwarePolicy`)."""
-        out = []
-        for rid in islice(self._queue.values(), self.config.window):
-            s = self._info[rid].session
-            if s is not None:
-                out.append(s)
-        return out
+    def _head_waits(self, rid: Hashable, state: RequestState) -> bool:
+        if state is _S.LOADING:
+            return True
+        return state is _S.PREPARING and self.config.window > 0 and self._fits_staging(self._disk[rid])
 
-    def schedule(self, *, now: float) -> StepDecision:
-        admit, loads, blocking = self._admit_in_order(now)
-        prefetch: list[LoadOrder] = []
+    def _prefetch_window(self) -> list[LoadOrder]:
+        out: list[LoadOrder] = []
+        if self._n_loading >= self.config.max_loading:
+            return out
         for pos, rid in enumerate(islice(self._queue.values(), self.config.window)):
             if self._state[rid] is not _S.PREPARING:
                 continue
-            nbytes = self._disk[rid]
-            if not self._fits_staging(nbytes):
-                break  # keep queue order: a later request does not overtake one that does not fit yet
-            self._move(rid, "schedule", _S.LOADING)
-            self._stage(rid, nbytes)
-            prefetch.append(LoadOrder(request_id=rid, nbytes=nbytes, priority=float(pos)))
-        return StepDecision(now=now, admit=tuple(admit), loads=tuple(loads) + tuple(prefetch), blocking=tuple(blocking),
+            if not self._can_start_load(self._disk[rid]):
+                break  # keep queue order: a later request does not overtake one that cannot start yet
+            out.append(self._start_load(rid, float(pos)))
+        return out
+
+    def schedule(self, *, now: float, admit: bool = True, check: Check | None = None,
+                 reserve: Reserve | None = None) -> StepDecision:
+        adm, loads, blocking = self._admit_in_order(check, reserve) if admit else ([], [], [])
+        prefetch = self._prefetch_window()  # after admission: the window is over the requests still waiting
+        return StepDecision(now=now, admit=tuple(adm), loads=tuple(loads) + tuple(prefetch), blocking=tuple(blocking),
                             running=len(self._running))  # fmt: skip
 
 
@@ -448,7 +553,9 @@ class _HRRNQueue:
     pass (~tens of microseconds) instead of a sort. Ratios change with time, so no static order could be kept.
     Ties (equal ratio, e.g. everyone arrived just now) go to the earlier arrival.
 
-    Invariant: ``_valid[s]`` iff slot ``s`` holds a queued request; ``_ids[s]`` is that request.
+    Invariant: ``_valid[s]`` iff slot ``s`` holds a queued request; ``_ids[s]`` is that request. ``_sizes`` is a
+    heap holding ``(bytes, slot)`` of every queued request (plus stale entries of removed ones, dropped lazily), so
+    the smallest load is known without a pass: when even it cannot fit the staging memory, nothing is computed.
     """
 
     def __init__(self, capacity: int = 1024) -> None:
@@ -459,6 +566,8 @@ class _HRRNQueue:
         self._ids: list[Any] = [None] * capacity
         self._slot: dict[Hashable, int] = {}
         self._free = list(range(capacity - 1, -1, -1))
+        self._sizes: list[tuple[int, int, int]] = []  # (bytes, stamp, slot); stale when _stamp[slot] differs
+        self._stamp = [0] * capacity
 
     def __len__(self) -> int:
         return len(self._slot)
@@ -470,6 +579,7 @@ class _HRRNQueue:
         self._size = np.concatenate([self._size, np.ones(n)])
         self._valid = np.concatenate([self._valid, np.zeros(n, dtype=bool)])
         self._ids.extend([None] * n)
+        self._stamp.extend([0] * n)
         self._free.extend(range(2 * n - 1, n - 1, -1))
 
     def add(self, rid: Hashable, arrival: float, seq: int, nbytes: int) -> None:
@@ -480,12 +590,24 @@ class _HRRNQueue:
         self._valid[s] = True
         self._ids[s] = rid
         self._slot[rid] = s
+        self._stamp[s] += 1
+        heapq.heappush(self._sizes, (max(nbytes, 1), self._stamp[s], s))
+
+    def smallest(self) -> int:
+        """Bytes of the smallest queued load (the queue must not be empty)."""
+        h = self._sizes
+        while not self._valid[h[0][2]] or h[0][1] != self._stamp[h[0][2]]:
+            heapq.heappop(h)
+        return h[0][0]
 
     def remove(self, rid: Hashable) -> None:
         s = self._slot.pop(rid)
         self._valid[s] = False
         self._ids[s] = None
         self._free.append(s)
+        if len(self._sizes) > 2 * len(self._slot) + 64:  # drop the stale entries: the heap stays O(queued)
+            self._sizes = [e for e in self._sizes if self._valid[e[2]] and e[1] == self._stamp[e[2]]]
+            heapq.heapify(self._sizes)
 
     def ratios(self, now: float) -> np.ndarray:
         """Disk-HRRN ratio of every slot; -inf for empty slots."""
@@ -533,32 +655,48 @@ class BidawScheduler(Scheduler):
     def preparing(self) -> int:
         return len(self._preparing)
 
-    def schedule(self, *, now: float) -> StepDecision:
-        room = self._admission()
-        admit: list[Hashable] = []
-        while self._ready:
-            key, rid = self._ready.peekitem(0)
-            if not room.take(self._info[rid].compute_tokens):
-                break
-            del self._ready[key]
-            self._admit(rid)
-            admit.append(rid)
+    def _serving_order(self) -> Iterable[Hashable]:
+        # The ready queue runs first; then the preparing requests, in arrival order (their load order changes
+        # with time). Requests whose load is in flight are left out: their KV is staged, not evictable.
+        yield from self._ready.values()
+        state = self._state
+        for rid in self._order:
+            if state[rid] is _S.PREPARING:
+                yield rid
+
+    def schedule(self, *, now: float, admit: bool = True, check: Check | None = None,
+                 reserve: Reserve | None = None) -> StepDecision:
+        adm: list[Hashable] = []
+        if admit:
+            room = self._admission()
+            ready = self._ready
+            while ready and room.slots > 0:
+                key, rid = ready.peekitem(0)
+                c = check(rid) if check is not None else self._ask(rid, None)
+                if c is None:
+                    break
+                if c.disk_bytes > 0:  # its KV left host memory while it waited: back to the preparing queue
+                    self.on_kv_evicted(rid, disk_bytes=c.disk_bytes, now=now)
+                    continue
+                if not room.fits(c.tokens) or (reserve is not None and not reserve(rid)):
+                    break  # the batch limits, then the driver's own resources (reserve takes what it checks)
+                room.take(c.tokens)
+                del ready[key]
+                self._admit(rid)
+                adm.append(rid)
         loads: list[LoadOrder] = []
         q = self._preparing
-        if len(q):
+        if len(q) and self._n_loading < self.config.max_loading and self._fits_staging(q.smallest()):
             ratios = q.ratios(now)
             while len(q):
                 slot = q.best(ratios)
                 rid = q.id_at(slot)
-                nbytes = self._disk[rid]
-                if not self._fits_staging(nbytes):
+                if not self._can_start_load(self._disk[rid]):
                     break  # no backfilling: the top request waits for room, so it cannot be overtaken forever
-                loads.append(LoadOrder(request_id=rid, nbytes=nbytes, priority=float(ratios[slot])))
-                ratios[slot] = -np.inf
                 q.remove(rid)
-                self._move(rid, "schedule", _S.LOADING)
-                self._stage(rid, nbytes)
-        return StepDecision(now=now, admit=tuple(admit), loads=tuple(loads), running=len(self._running))
+                loads.append(self._start_load(rid, float(ratios[slot])))
+                ratios[slot] = -np.inf
+        return StepDecision(now=now, admit=tuple(adm), loads=tuple(loads), running=len(self._running))
 
 
 _SCHEDULERS: dict[str, type[Scheduler]] = {

@@ -24,22 +24,30 @@ Actions the driver must carry out, in the order given:
   when the GPU goes idle; without, right after the :class:`WriteChunks`.
 - :class:`ReleaseChunks` — unpin chunks a load pinned (the GPU has them now).
 
-Request lifecycle (one table; anything else is a bug and raises)::
+Request lifecycle in the core (one table; anything else is a bug and raises)::
 
-    WAITING --(blocking load or compute planned)--> STEP --StepDone--> DECODING --last token--> DONE
-    WAITING --(needs disk, prefetching policy)--> PREPARING --StartLoad(bg)--> LOADING --LoadDone--> READY
-    READY --(admitted)--> STEP;   READY --(its host chunks were evicted meanwhile)--> PREPARING
+    WAITING --(admitted by the scheduler)--> STEP --StepDone--> DECODING --last token--> DONE
 
-Policies, as configuration (the decision functions are small and live in :mod:`kvstream.serving._policy`
-until issue #3's ``kvstream.scheduling`` objects replace them):
+While a request waits, its queue state (preparing / loading / ready) is the scheduler's
+(:class:`kvstream.scheduling.RequestState`).
 
-- ``admit="fcfs"``: steps take waiting requests in arrival order and load what they miss before computing;
-  with prefetching on, the head of the queue waits for its prefetch (CachedAttention's look-ahead).
-- ``admit="ready"``: steps take only requests whose KV is in host memory (Bidaw's ready queue); requests
-  that need disk wait in the preparing queue, loaded in the background in ``prefetch`` order.
-- ``prefetch``: ``none`` | ``hrrn`` (disk-HRRN: highest ``1 + waiting / kv_bytes`` first) | ``lookahead:W``.
+Decisions are made by a :mod:`kvstream.scheduling` policy object, which the core only drives (arrivals, loads
+finished, steps finished in; admissions and loads out). The core never orders, skips or limits requests itself:
+it answers the scheduler's per-candidate queries with what it knows at planning time (tokens left to compute
+after its GPU prefix-cache hit, bytes that must now come from disk) and reserves GPU KV memory for each request
+the scheduler admits. ``ServingConfig`` selects the policy:
+
+- ``admit="fcfs", prefetch="none"`` -> :class:`~kvstream.scheduling.FCFSScheduler` (vLLM + LMCache): arrival
+  order; what a request misses is loaded when its step starts, and the step waits.
+- ``admit="fcfs", prefetch="lookahead:W"`` -> :class:`~kvstream.scheduling.CachedAttentionScheduler`: the
+  disk KV of the first ``W`` waiting requests is prefetched; the head waits for its prefetch.
+- ``admit="ready", prefetch="hrrn"`` -> :class:`~kvstream.scheduling.BidawScheduler`: steps take only requests
+  whose KV is in host memory; the others are loaded in the background in disk-HRRN order.
 - ``load_mode``: ``step`` = one read plan for all of a step's requests (KVStream) | ``request`` = one
-  request's read after another (LMCache).
+  request's read after another (LMCache). (How a decision is carried out, not which.)
+
+Queue-aware eviction: :meth:`ServingCore.window_sessions` is the policy's look-ahead window; a driver whose
+host-memory eviction policy has ``set_window`` passes it on after every event (the simulator and replay do).
 """
 
 from __future__ import annotations
@@ -52,6 +60,7 @@ from dataclasses import dataclass
 from enum import Enum
 
 from kvstream.errors import UsageError
+from kvstream.scheduling import Candidate, LoadOrder, RequestInfo, Scheduler, SchedulerConfig, make_scheduler
 from kvstream.serving.gpu import CostModel
 from kvstream.serving.hbm import HbmCache
 from kvstream.serving.metrics import RequestRecord, RunMetrics, StepRecord
@@ -60,6 +69,7 @@ from kvstream.workload.request import CHUNK_TOKENS, Request
 __all__ = [
     "ServingConfig",
     "ServingCore",
+    "scheduler_config",
     "Arrival",
     "LoadDone",
     "StepDone",
@@ -138,14 +148,14 @@ Action = StartLoad | StartStep | WriteChunks | Flush | ReleaseChunks
 # -- configuration ------------------------------------------------------------------------------------------
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ServingConfig:
-    admit: str = "fcfs"  # "fcfs" | "ready"
+    admit: str = "fcfs"  # "fcfs" | "ready"  (with prefetch: selects the kvstream.scheduling policy)
     prefetch: str = "none"  # "none" | "hrrn" | "lookahead:W"
     load_mode: str = "step"  # "step" | "request"
     defer_writes: bool = True  # issue a step's writes once the next step has started
     max_batch_tokens: int = 32768  # prompt tokens computed per step (a longer prompt runs alone)
     max_running: int = 256  # sequences on the GPU at once (vLLM's max_num_seqs)
     max_background_loads: int = 1  # prefetch loads in flight at once
-    prefetch_budget_chunks: int | None = None  # chunks prefetched and pinned, waiting for the GPU, at most
+    prefetch_budget_chunks: int | None = None  # chunks read from disk ahead of the GPU, held until it has them
     hbm_capacity_tokens: int | None = None  # default: the cost model's KV capacity
 
     def __post_init__(self) -> None:
@@ -156,8 +166,10 @@ class ServingConfig:
         kind, _, arg = self.prefetch.partition(":")
         if kind not in ("none", "hrrn", "lookahead") or (kind == "lookahead" and not arg.isdigit()):
             raise UsageError(f"ServingConfig.prefetch must be none, hrrn or lookahead:W, got {self.prefetch!r}")
-        if self.admit == "ready" and kind == "none":
-            raise UsageError("ServingConfig: admit='ready' needs a prefetch policy (hrrn or lookahead:W)")
+        if self.admit == "ready" and kind != "hrrn":
+            raise UsageError("ServingConfig: admit='ready' needs a prefetch policy: hrrn (Bidaw)")
+        if self.admit == "fcfs" and kind == "hrrn":
+            raise UsageError("ServingConfig: prefetch='hrrn' is Bidaw's preparing queue: use it with admit='ready'")
         if self.max_batch_tokens < 1 or self.max_running < 1 or self.max_background_loads < 1:
             raise UsageError("ServingConfig: max_batch_tokens, max_running, max_background_loads must be >= 1")
 
@@ -166,12 +178,33 @@ class ServingConfig:
         kind, _, arg = self.prefetch.partition(":")
         return int(arg) if kind == "lookahead" else 0
 
+    @property
+    def scheduler(self) -> str:
+        """The :func:`kvstream.scheduling.make_scheduler` name this configuration selects."""
+        if self.admit == "ready":
+            return "bidaw"
+        return "cachedattention" if self.lookahead else "fcfs"
+
+    @property
+    def eviction_window(self) -> int:
+        """Waiting requests whose sessions a queue-aware eviction policy protects: the look-ahead window; 32 for
+        Bidaw's queues; none without prefetching (what the simulator's driver has always used)."""
+        return self.lookahead or (32 if self.prefetch != "none" else 0)
+
+
+def scheduler_config(cfg: ServingConfig, chunk_bytes: int) -> SchedulerConfig:
+    """The limits a serving configuration gives its policy: batch slots and prefill tokens, the prefetch budget
+    (held until the GPU has the KV: it stays pinned in host memory until then), background loads in flight."""
+    budget = cfg.prefetch_budget_chunks
+    return SchedulerConfig(
+        max_running=cfg.max_running, max_prefill_tokens=cfg.max_batch_tokens,
+        staging_bytes=max(budget * chunk_bytes, 1) if budget is not None else 1 << 62,
+        window=cfg.eviction_window, max_loading=cfg.max_background_loads, release_staging="prefill",
+    )
+
 
 class Phase(Enum):
-    WAITING = "waiting"  # queued; loads (if any) happen when a step takes it
-    PREPARING = "preparing"  # needs disk; waits for a background load
-    LOADING = "loading"  # background load in flight
-    READY = "ready"  # KV in host memory (pinned if it was loaded)
+    WAITING = "waiting"  # in the scheduler's queues (preparing / loading / ready: the scheduler's state)
     STEP = "step"  # in the step being loaded or computed
     DECODING = "decoding"
     DONE = "done"
@@ -179,12 +212,6 @@ class Phase(Enum):
 
 _LEGAL = {
     (Phase.WAITING, Phase.STEP),
-    (Phase.WAITING, Phase.PREPARING),
-    (Phase.WAITING, Phase.READY),
-    (Phase.PREPARING, Phase.LOADING),
-    (Phase.LOADING, Phase.READY),
-    (Phase.READY, Phase.STEP),
-    (Phase.READY, Phase.PREPARING),
     (Phase.STEP, Phase.DECODING),
     (Phase.STEP, Phase.DONE),
     (Phase.DECODING, Phase.DONE),
@@ -195,7 +222,7 @@ class _Req:
     """Per-request state. Invariant: ``pins`` lists every chunk tuple this request holds pinned in host memory."""
 
     __slots__ = ("req", "rid", "phase", "rec", "hbm_hit", "present", "in_host", "avail", "pins", "kv_bytes",
-                 "join", "prefetched", "bg_chunks")
+                 "prefetched")
 
     def __init__(self, req: Request, kv_bytes_per_chunk: int) -> None:
         self.req = req
@@ -210,10 +237,8 @@ class _Req:
         self.in_host = 0  # of ``present``, how many are in host memory
         self.avail = 0  # of ``present``, how many are pinned in host memory for this request
         self.pins: list[tuple[Hashable, ...]] = []
-        self.kv_bytes = 0  # bytes to load from disk (disk-HRRN's denominator)
-        self.join = 0  # decode counter when it joined decoding
-        self.prefetched = False
-        self.bg_chunks = 0  # chunks its background load counted against the prefetch budget
+        self.kv_bytes = 0  # bytes to load from disk (when last looked)
+        self.prefetched = False  # a background load ran for it: ``avail`` chunks are pinned
 
     def move(self, to: Phase) -> None:
         if (self.phase, to) not in _LEGAL:
@@ -237,7 +262,7 @@ class ServingCore:
     """One serving instance (one TP group). See the module docstring for the protocol."""
 
     def __init__(self, cost: CostModel, lookup: Lookup, config: ServingConfig | None = None, *,
-                 chunk_bytes: int | None = None) -> None:
+                 chunk_bytes: int | None = None, scheduler: Scheduler | None = None) -> None:
         self.cost = cost
         self.cfg = config or ServingConfig()
         self._lookup = lookup
@@ -245,14 +270,13 @@ class ServingCore:
         cap = self.cfg.hbm_capacity_tokens or int(cost.kv_capacity_bytes // cost.kv_bytes_per_token)
         self.hbm = HbmCache(cap)
         self.metrics = RunMetrics()
+        # The policy: ``scheduler`` (tests, custom policies) or the one the configuration names.
+        self.scheduler = (scheduler if scheduler is not None
+                          else make_scheduler(self.cfg.scheduler, scheduler_config(self.cfg, self.chunk_bytes)))
         self._reqs: dict[int, _Req] = {}
-        self._fcfs: deque[_Req] = deque()  # admit=fcfs: waiting requests, arrival order
-        self._ready: deque[_Req] = deque()  # admit=ready: ready queue
-        self._preparing: list[_Req] = []  # needs a background load (PREPARING)
         self._n_waiting = 0
         self._n_finished = 0
         self._bg_inflight = 0
-        self._prefetched_chunks = 0  # chunks pinned by background loads of requests not yet computed
         self._loads: dict[int, tuple[_Step | None, list[_Req], float]] = {}  # load id -> (step, reqs, start)
         self._next_load = 0
         self._next_step = 0
@@ -300,44 +324,25 @@ class ServingCore:
         """Requests completed so far."""
         return self._n_finished
 
-    def window_sessions(self, window: int) -> list[Hashable]:
-        """Sessions of the first ``window`` waiting requests (a queue-aware eviction policy protects them)."""
-        out = []
-        queue = self._ready if self.cfg.admit == "ready" else self._fcfs
-        for i, r in enumerate(queue):
-            if i >= window:
-                break
-            if r.req.session is not None:
-                out.append(r.req.session)
-        if self.cfg.admit == "ready":
-            out.extend(r.req.session for r in self._preparing[: max(window - len(out), 0)] if r.req.session is not None)
-        return out
+    def window_sessions(self, window: int | None = None) -> list[Hashable]:
+        """Sessions of the first ``window`` (default: ``cfg.eviction_window``) waiting requests in the policy's
+        serving order: what a queue-aware eviction policy protects (``set_window``)."""
+        return self.scheduler.window_sessions(self.cfg.eviction_window if window is None else window)
 
     # -- events -------------------------------------------------------------------------------------------
     def _on_arrival(self, req: Request, now: float, out: list[Action]) -> None:
         if req.request_id in self._reqs:
             raise UsageError(f"request {req.request_id} arrived twice")
         r = _Req(req, self.chunk_bytes)
+        self._locate(r)
+        self.scheduler.on_arrival(RequestInfo(
+            request_id=r.rid, arrival=req.arrival, prompt_tokens=req.input_tokens, output_tokens=req.output_tokens,
+            memory_bytes=r.in_host * self.chunk_bytes, disk_bytes=r.kv_bytes, session=req.session,
+        ), now=now)
         self._reqs[r.rid] = r
         self._n_waiting += 1
         self.metrics.requests.append(r.rec)
         self.metrics.queue_samples.append((now, self._n_waiting))
-        if self.cfg.prefetch == "none":
-            self._fcfs.append(r)
-            return
-        self._locate(r)
-        needs_disk = r.present > r.in_host
-        if self.cfg.admit == "fcfs":
-            self._fcfs.append(r)
-            if needs_disk:
-                r.move(Phase.PREPARING)
-                self._preparing.append(r)
-        elif needs_disk:
-            r.move(Phase.PREPARING)
-            self._preparing.append(r)
-        else:
-            r.move(Phase.READY)
-            self._ready.append(r)
 
     def _on_load_done(self, ev: LoadDone, now: float, out: list[Action]) -> None:
         try:
@@ -360,12 +365,7 @@ class ServingCore:
             self.metrics.background_loads.append(now - start)
             for r in reqs:
                 r.prefetched = True
-                if r.phase is Phase.LOADING:
-                    if self.cfg.admit == "ready":
-                        r.move(Phase.READY)
-                        self._ready.append(r)
-                    else:
-                        r.move(Phase.READY)
+                self.scheduler.on_load_finished(r.rid, now=now)
             return
         step.pending_loads -= 1
         if self._seq_loads:
@@ -381,6 +381,7 @@ class ServingCore:
             raise UsageError(f"StepDone for step {ev.step_id}, but the running step is "
                              f"{step.step_id if step else None}")
         self._step = None
+        done: list[int] = []
         # Decodes of this step.
         if step.n_dec:
             self._dcount += 1
@@ -391,12 +392,11 @@ class ServingCore:
                 self._n_dec -= 1
                 self._sum_ctx -= r.req.input_tokens + 1 + (self._dcount - self._dstart.pop(rid))
                 self._finish(r, now)
+                done.append(rid)
         # Prefills of this step.
         writes: list[WriteChunks] = []
         for r in step.batch:
             r.rec.first_token = now
-            self._prefetched_chunks -= r.bg_chunks
-            r.bg_chunks = 0
             hit = r.hbm_hit + r.avail
             ids = r.req.chunk_ids
             if hit < len(ids):
@@ -411,12 +411,15 @@ class ServingCore:
             if r.req.output_tokens <= 1:
                 r.move(Phase.DONE)
                 self._finish(r, now, moved=True)
+                done.append(r.rid)
             else:
                 r.move(Phase.DECODING)
                 self._n_dec += 1
                 self._sum_ctx += r.req.input_tokens + 1
                 self._dstart[r.rid] = self._dcount
                 heapq.heappush(self._dheap, (self._dcount + r.req.output_tokens - 1, r.rid))
+        # The step's prefetched KV is on the GPU now (released above): the policy's staging memory is free again.
+        self.scheduler.on_step_finished(done, now=now, prefilled=[r.rid for r in step.batch])
         out.extend(writes)
         if writes:
             if self.cfg.defer_writes:
@@ -436,7 +439,7 @@ class ServingCore:
         self.hbm.finish(r.rid, r.req.chunk_ids)
         del self._reqs[r.rid]
 
-    # -- planning -----------------------------------------------------------------------------------------
+    # -- planning: drive the policy, carry out its decisions ----------------------------------------------
     def _locate(self, r: _Req) -> None:
         ids = r.req.chunk_ids
         r.hbm_hit = self.hbm.match(ids)
@@ -448,11 +451,10 @@ class ServingCore:
         return tuple(r.req.chunk_ids[r.hbm_hit: r.hbm_hit + r.present])
 
     def _plan(self, now: float, out: list[Action]) -> None:
-        if self.cfg.prefetch != "none":
-            self._plan_prefetch(now, out)
-        if self._step is not None:
+        if self._step is not None:  # the GPU is busy: loads only
+            self._run_loads(now, out)
             return
-        batch = self._pick_batch(now)
+        batch = self._pick_batch(now, out)
         if not batch and not self._n_dec:
             if self._flush_pending:  # the GPU goes idle: nothing to defer the writes behind
                 self._flush_pending = False
@@ -492,94 +494,91 @@ class ServingCore:
         out.append(StartLoad(load_id=lid, items=tuple(items), background=False,
                              metas=tuple((r.req.session, r.req.prev_answer_tokens) for r in reqs)))
 
-    def _pick_batch(self, now: float) -> list[_Req]:
-        budget = self.cfg.max_batch_tokens
-        room = self.cfg.max_running - self._n_dec
-        batch: list[_Req] = []
-        queue = self._ready if self.cfg.admit == "ready" else self._fcfs
-        prefetching = self.cfg.prefetch != "none"
-        while queue and room > 0:
-            r = queue[0]
-            if self.cfg.admit == "fcfs" and prefetching and r.phase in (Phase.PREPARING, Phase.LOADING):
-                break  # look-ahead: the head waits for its prefetch
-            if r.phase is not Phase.READY or not r.prefetched:
+    def _check(self, rid: Hashable) -> Candidate:
+        """The scheduler's query about an admission candidate: what its step would compute and read now."""
+        r = self._reqs[rid]  # type: ignore[index]
+        if not r.prefetched:
+            self._locate(r)
+        else:
+            # Prefetched: its item chunk_ids[hbm_hit : hbm_hit + avail] is pinned in host memory. HBM may
+            # have gained or lost prefix chunks since.
+            hit = self.hbm.match(r.req.chunk_ids)
+            if hit > r.hbm_hit:
+                end = r.hbm_hit + r.avail
+                r.hbm_hit = hit
+                r.avail = r.present = max(end - hit, 0)
+            elif hit < r.hbm_hit:
+                # A gap opened between HBM and the pinned item: look again and load (pins are dropped).
                 self._locate(r)
-                if self.cfg.admit == "ready" and r.present > r.in_host:
-                    # Its host-memory chunks were evicted while it waited: back to preparing.
-                    queue.popleft()
-                    r.move(Phase.PREPARING)
-                    self._preparing.append(r)
-                    continue
-            else:
-                # Prefetched: its item chunk_ids[hbm_hit : hbm_hit + avail] is pinned in host memory. HBM may
-                # have gained or lost prefix chunks since.
-                hit = self.hbm.match(r.req.chunk_ids)
-                if hit > r.hbm_hit:
-                    end = r.hbm_hit + r.avail
-                    r.hbm_hit = hit
-                    r.avail = r.present = max(end - hit, 0)
-                elif hit < r.hbm_hit:
-                    # A gap opened between HBM and the pinned item: look again and load (pins are dropped).
-                    self._locate(r)
-                    r.avail = 0
-            new = max(r.req.input_tokens - (r.hbm_hit + r.present) * CHUNK_TOKENS, 1)
-            if batch and new > budget:
-                break
+                r.avail = 0
+        disk = 0 if r.prefetched and r.avail == r.present else r.kv_bytes
+        return Candidate(tokens=max(r.req.input_tokens - (r.hbm_hit + r.present) * CHUNK_TOKENS, 1), disk_bytes=disk)
+
+    def _pick_batch(self, now: float, out: list[Action]) -> list[_Req]:
+        batch: list[_Req] = []
+
+        def reserve(rid: Hashable) -> bool:  # GPU KV memory, which the policy does not track
+            r = self._reqs[rid]  # type: ignore[index]
             need = r.req.input_tokens + r.req.output_tokens
-            if not self.hbm.admit(r.rid, r.req.chunk_ids, r.hbm_hit, need):
-                if batch or self._n_dec or self.hbm.can_ever_fit(need):
-                    break
-                # Longer than the whole KV space: run it alone, its reservation clamped to the capacity (a real
-                # engine would truncate or reject it); counted, so a report can say so.
-                if not self.hbm.admit(r.rid, r.req.chunk_ids, r.hbm_hit, self.hbm.capacity):
-                    break
-                self.metrics.counters["oversize_requests"] = self.metrics.counters.get("oversize_requests", 0) + 1
-            queue.popleft()
+            if self.hbm.admit(r.rid, r.req.chunk_ids, r.hbm_hit, need):
+                batch.append(r)
+                return True
+            if batch or self._n_dec or self.hbm.can_ever_fit(need):
+                return False
+            # Longer than the whole KV space: run it alone, its reservation clamped to the capacity (a real
+            # engine would truncate or reject it); counted, so a report can say so.
+            if not self.hbm.admit(r.rid, r.req.chunk_ids, r.hbm_hit, self.hbm.capacity):
+                return False
+            self.metrics.counters["oversize_requests"] = self.metrics.counters.get("oversize_requests", 0) + 1
+            batch.append(r)
+            return True
+
+        while True:
+            d = self.scheduler.schedule(now=now, check=self._check, reserve=reserve)
+            if [r.rid for r in batch] != list(d.admit):
+                raise AssertionError(f"scheduler admitted {d.admit} but the core reserved {[r.rid for r in batch]}")
+            # Its synchronous loads (``blocking``) are this step's loads; the others start in the background.
+            blocking = d.blocking
+            emptied = self._start_loads([lo for lo in d.loads if lo.request_id not in blocking] if blocking
+                                        else d.loads, now, out)
+            if not emptied:
+                break
+            if batch:  # a request whose load had nothing to read is ready now: it joins the next step
+                self._run_loads(now, out)
+                break
+            # Nothing admitted yet: ask again, now that it is ready (a fresh decision, nothing to undo).
+        for r in batch:
             r.move(Phase.STEP)
             self._n_waiting -= 1
-            budget -= new
-            room -= 1
             r.rec.hbm_chunks = r.hbm_hit
-            batch.append(r)
         return batch
 
-    def _plan_prefetch(self, now: float, out: list[Action]) -> None:
-        budget = self.cfg.prefetch_budget_chunks
-        while self._bg_inflight < self.cfg.max_background_loads and self._preparing:
-            if budget is not None and self._prefetched_chunks >= budget:
-                return
-            r = self._pick_prefetch(now)
-            if r is None:
-                return
-            self._preparing.remove(r)
+    def _run_loads(self, now: float, out: list[Action]) -> None:
+        while self._start_loads(self.scheduler.schedule(now=now, admit=False).loads, now, out):
+            pass
+
+    def _start_loads(self, loads: Sequence[LoadOrder], now: float, out: list[Action]) -> bool:
+        """Start the policy's background loads; True if one had nothing left to read (its request became ready)."""
+        emptied = False
+        for lo in loads:
+            r = self._reqs[lo.request_id]  # type: ignore[index]
             self._locate(r)
-            r.move(Phase.LOADING)
             if math.isnan(r.rec.started):
                 r.rec.started = now
             if r.present == 0:
                 # Nothing left to load (evicted everywhere): ready to recompute.
-                self._loads_done_empty(r)
+                r.prefetched = True
+                r.avail = 0
+                self.scheduler.on_load_finished(r.rid, now=now)
+                emptied = True
                 continue
             lid = self._next_load
             self._next_load += 1
             self._loads[lid] = (None, [r], now)
             self._bg_inflight += 1
-            self._prefetched_chunks += r.present
-            r.bg_chunks = r.present
             out.append(StartLoad(load_id=lid, items=((r.rid, self._item(r)),), background=True,
                                  metas=((r.req.session, r.req.prev_answer_tokens),)))
-
-    def _loads_done_empty(self, r: _Req) -> None:
-        r.prefetched = True
-        r.avail = 0
-        r.move(Phase.READY)
-        if self.cfg.admit == "ready":
-            self._ready.append(r)
-
-    def _pick_prefetch(self, now: float) -> _Req | None:
-        from kvstream.serving._policy import pick_prefetch
-
-        return pick_prefetch(self.cfg.prefetch, self._preparing, self._fcfs, now)
+        return emptied
 
     def _start_compute(self, step: _Step, now: float, out: list[Action]) -> None:
         prefills = []

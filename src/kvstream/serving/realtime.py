@@ -10,6 +10,10 @@ give identical decisions in both drivers (tested with a virtual clock: ``tests/t
 
 Backends (what the core's actions are carried out on) implement :class:`RealtimeBackend`; loads run on the
 backend's own threads and report through :meth:`RealtimeDriver.post`.
+
+Queue-aware eviction: when the backend's host-memory policy takes a look-ahead window
+(:attr:`RealtimeBackend.wants_window`), the driver hands it the core's window (:meth:`ServingCore.window_sessions`,
+the scheduling policy's serving order) after every event, as the simulator's driver does.
 """
 
 from __future__ import annotations
@@ -94,6 +98,14 @@ class RealtimeBackend(ABC):
     def release(self, chunk_ids: Sequence[Hashable]) -> None:  # the payloads went "to the GPU"
         pass
 
+    @property
+    def wants_window(self) -> bool:
+        """True if :meth:`set_window` matters (the host-memory eviction policy is queue-aware)."""
+        return False
+
+    def set_window(self, sessions: Sequence[Hashable]) -> None:
+        """The sessions the waiting queue's look-ahead window will need (protected from eviction)."""
+
     def sample(self) -> dict[str, int]:
         """Cumulative bytes read and written per tier (for the bytes-per-tier-over-time figure)."""
         return {}
@@ -122,6 +134,7 @@ class RealtimeDriver:
         self._seq = 0
         self._step: tuple[float, int] | None = None  # (modelled end, step id)
         self.lag_s = 0.0  # worst delay between an event's time and its delivery (driver overhead)
+        self._window = backend.wants_window and core.cfg.eviction_window > 0
 
     def post(self, ev: LoadDone) -> None:
         """Called by the backend (any thread) when a load has finished."""
@@ -151,6 +164,8 @@ class RealtimeDriver:
         if self.record is not None:
             self.record.append((t, ev, tuple(actions)))
         self._dispatch(actions, t)
+        if self._window:
+            self.backend.set_window(self.core.window_sessions())
 
     def _next_due(self, now: float, i: int) -> tuple[float, int, Event] | None:
         """The earliest event due by ``now`` in ``(time, priority, seq)`` order, or None."""

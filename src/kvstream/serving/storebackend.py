@@ -4,7 +4,9 @@
 the store's index and host-memory tier, runs each :class:`StartLoad` as one ``read_chunks`` call on a worker
 thread (the store routes it over the tiers), ``put``\\ s each :class:`WriteChunks` chunk (a synthetic payload
 of the model's chunk size; its bytes do not matter, its size and the I/O do) and ``flush``\\ es at
-:class:`Flush`.
+:class:`Flush`. Reads carry each request's session and previous answer length (the load's ``metas``) to the
+host-memory tier's eviction policy, and a queue-aware policy gets the serving loop's look-ahead window
+(:meth:`StoreBackend.set_window`).
 
 :class:`~kvstream.io.throttle.ThrottledEngine` (re-exported here) makes replay's *emulated* shared tier.
 """
@@ -18,6 +20,7 @@ from collections.abc import Callable, Hashable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from kvstream.eviction import AccessMeta
 from kvstream.io.throttle import ThrottledEngine
 from kvstream.keys import ChunkKeyer, KeyNamespace
 from kvstream.serving.core import LoadDone, StartLoad, WriteChunks
@@ -68,17 +71,21 @@ class StoreBackend(RealtimeBackend):
     def _load(self, action: StartLoad, post: Callable[[LoadDone], None]) -> None:
         t0 = time.perf_counter()
         keys: list[bytes] = []
+        metas: list[AccessMeta | None] = []
         index: dict[bytes, int] = {}
-        for _, chunks in action.items:
+        for j, (_, chunks) in enumerate(action.items):
+            session, prev = action.metas[j] if j < len(action.metas) else (None, None)
+            meta = AccessMeta(session=session, prev_answer_tokens=prev) if session is not None else None
             for c in chunks:
                 k = self.key(c)
                 if k not in index:
                     index[k] = len(keys)
                     keys.append(k)
+                    metas.append(meta)
         got = [False] * len(keys)
         data: dict[bytes, bytes] = {}
         try:
-            for i, chunk in self.store.read_chunks(keys):
+            for i, chunk in self.store.read_chunks(keys, metas=metas):
                 if chunk is not None:
                     got[i] = True
                     # The engine's own staging copy (pinned host buffer / the GPU): held until the core
@@ -112,6 +119,13 @@ class StoreBackend(RealtimeBackend):
 
     def flush(self) -> None:
         self.store.flush()
+
+    @property
+    def wants_window(self) -> bool:
+        return self.store.memory.queue_aware
+
+    def set_window(self, sessions: Sequence[Hashable]) -> None:
+        self.store.memory.set_window(sessions)
 
     def release(self, chunk_ids: Sequence[Hashable]) -> None:
         with self._lock:

@@ -126,7 +126,7 @@ class SimNode:
         self._next = 0
         self._on_change = on_change
         self.record = record
-        self._window = core.cfg.lookahead or (32 if core.cfg.prefetch != "none" else 0)
+        self._window = core.cfg.eviction_window  # the same rule replay's driver uses
 
     @property
     def arrivals_left(self) -> int:
@@ -150,7 +150,7 @@ class SimNode:
         self.dispatch(actions)
         pol = self.storage.policy
         if self._window and hasattr(pol, "set_window"):
-            pol.set_window(self.core.window_sessions(self._window))
+            pol.set_window(self.core.window_sessions())
         if self._on_change is not None:
             self._on_change()
 

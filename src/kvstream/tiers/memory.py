@@ -86,6 +86,18 @@ class HostMemoryTier:
             e = self.insert(entry, dirty=False, meta=meta)
             return e, e.payload()
 
+    @property
+    def queue_aware(self) -> bool:
+        """True if the eviction policy protects a look-ahead window of sessions (:meth:`set_window`)."""
+        return hasattr(self.policy, "set_window")
+
+    def set_window(self, sessions) -> None:  # noqa: ANN001 — any sized iterable of session ids
+        """Hand a queue-aware policy the sessions the waiting queue's look-ahead window will need."""
+        with self._lock:
+            set_window = getattr(self.policy, "set_window", None)
+            if set_window is not None:
+                set_window(sessions)
+
     def evict_clean(self) -> int:
         """Drop every clean entry (their buffers go back to the pool, or are parked while viewed)."""
         n = 0
