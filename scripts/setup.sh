@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Create .venv (if needed) and install kvstream with the extras a task needs.
-#   scripts/setup.sh main   core + simulator + plots (what `kvstream replay` needs)
+#   scripts/setup.sh main   core + plots + study (what `kvstream replay` and the studies need) (what `kvstream replay` needs)
 #   scripts/setup.sh test   everything the test suite needs: + pytest/hypothesis, torch 2.13.0 (CPU), LMCache 0.5.6
 # Idempotent: a second run only checks that everything is installed.
 set -euo pipefail
@@ -14,13 +14,13 @@ fi
 pip() { .venv/bin/python -m pip "$@"; }
 case "$what" in
   main)
-    pip install -q -e '.[sim,plot]'
+    pip install -q -e '.[study,plot]'
     ;;
   test)
     # torch first, pinned: LMCache's native modules are built against exactly this release, and this
     # release's CPU wheel is available locally on these machines (any other pulls gigabytes of CUDA wheels).
     pip install -q 'torch==2.13.0'
-    pip install -q -e '.[sim,plot,test,lmcache]'
+    pip install -q -e '.[study,plot,test,lmcache]'
     # LMCache's own metadata pulls CUDA-only wheels and may replace torch: install it without dependencies
     # (its import-time needs are the [lmcache] extra above).
     pip install -q --no-deps 'lmcache==0.5.6'

@@ -14,29 +14,33 @@ __all__ = ["register"]
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
+    from kvstream.commands._common import nonnegative_float, nonnegative_int, positive_int
+
     bench = subparsers.add_parser("bench", help="benchmarks that print the bound they are compared with")
     sub = bench.add_subparsers(dest="bench_command", metavar="BENCH")
     sub.required = True
     p = sub.add_parser("read", help="read N chunks from the tiers with a router; compare with the raw-reader bound")
     p.add_argument("--tier", action="append", required=True, metavar="NAME=PATH",
-                   help="a tier folder (give two or more; the first is the primary)")
-    p.add_argument("--chunks", type=int, default=64, help="chunks in the step (default 64)")
+                   help="a tier folder (give two or more; the first is the primary). For one tier's raw "
+                        "bandwidth use kvstream probe")
+    p.add_argument("--chunks", type=positive_int, default=64, help="chunks in the step (default 64)")
     p.add_argument("--chunk-bytes", type=size_arg, default=4 << 20, help="payload bytes per chunk (default 4M)")
     p.add_argument("--router", default="mitm", help="mitm | mitm:M | fixed:R | single:NAME (default mitm)")
-    p.add_argument("--repeat", type=int, default=5, help="measurements; medians are reported (default 5)")
-    p.add_argument("--warmup", type=int, default=3,
+    p.add_argument("--repeat", type=positive_int, default=5, help="measurements; medians are reported (default 5)")
+    p.add_argument("--warmup", type=nonnegative_int, default=3,
                    help="untimed store reads before measuring (buffer pool first use, read windows; default 3)")
-    p.add_argument("--engine", choices=["auto", "uring", "threads"], default="auto")
+    p.add_argument("--engine", choices=["auto", "uring", "threads"], default="auto", help="I/O engine")
     p.add_argument("--inflight", type=size_arg, default=None,
                    help="read bytes in flight per tier (default: depth x one chunk file, as the bound's raw reader)")
-    p.add_argument("--depth", type=int, default=16, help="ring depth per tier (default 16)")
+    p.add_argument("--depth", type=positive_int, default=16, help="ring depth per tier (default 16)")
     p.add_argument("--read-windows", choices=["balanced", "fixed"], default="balanced",
                    help="per-tier read windows sized by measured speed (balanced, default) or all --inflight")
     p.add_argument("--write-load", action="store_true", help="a concurrent write stream on the first tier")
     p.add_argument("--bandwidth-schedule", metavar="T=BPS,...",
                    help="throttle changes during each measurement, e.g. 0=400MB,0.3=150MB,0.6=400MB "
                         "(needs --throttle-control and --throttle-device, see bench/testbed)")
-    p.add_argument("--throttle-control", default="/sys/fs/cgroup/blkio/kvstream-bench/blkio.throttle.read_bps_device")
+    p.add_argument("--throttle-control", default="/sys/fs/cgroup/blkio/kvstream-bench/blkio.throttle.read_bps_device",
+                   help="the cgroup file the bandwidth schedule writes")
     p.add_argument("--throttle-device", help="MAJ:MIN of the throttled device (bench/testbed status prints it)")
     p.add_argument("--throttled-tier", help="name of the tier the schedule throttles (default: the last)")
     p.add_argument("--no-verify", action="store_true", help="skip payload checksums (to measure their cost)")
@@ -44,16 +48,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(handler=_read)
 
     w = sub.add_parser("write", help="deferred replicated writes: throughput, bytes per tier, read/write interference")
-    w.add_argument("--tier", action="append", required=True, metavar="NAME=PATH")
-    w.add_argument("--chunks", type=int, default=64, help="chunks written in part 1 (default 64)")
-    w.add_argument("--chunk-bytes", type=size_arg, default=4 << 20)
+    w.add_argument("--tier", action="append", required=True, metavar="NAME=PATH",
+                   help="a tier folder (repeat for each tier)")
+    w.add_argument("--chunks", type=positive_int, default=64, help="chunks written in part 1 (default 64)")
+    w.add_argument("--chunk-bytes", type=size_arg, default=4 << 20, help="payload bytes per chunk (default 4M)")
     w.add_argument("--replication", default="full", help="full | single | partial:F | lazy | selective")
-    w.add_argument("--engine", choices=["auto", "uring", "threads"], default="auto")
-    w.add_argument("--steps", type=int, default=8, help="steps of the serving loop in part 2 (default 8)")
-    w.add_argument("--read-chunks", type=int, default=16, help="chunks read per step (default 16)")
-    w.add_argument("--write-chunks", type=int, default=4, help="new chunks written per step (default 4)")
-    w.add_argument("--compute-ms", type=float, default=100.0, help="modelled forward pass per step (default 100)")
-    w.add_argument("--json", action="store_true")
+    w.add_argument("--engine", choices=["auto", "uring", "threads"], default="auto", help="I/O engine")
+    w.add_argument("--steps", type=positive_int, default=8, help="steps of the serving loop in part 2 (default 8)")
+    w.add_argument("--read-chunks", type=positive_int, default=16, help="chunks read per step (default 16)")
+    w.add_argument("--write-chunks", type=nonnegative_int, default=4, help="new chunks written per step (default 4)")
+    w.add_argument("--compute-ms", type=nonnegative_float, default=100.0, help="modelled forward pass per step (default 100)")
+    w.add_argument("--json", action="store_true", help="print JSON")
     w.set_defaults(handler=_write)
 
 
@@ -72,8 +77,18 @@ def _read(args: argparse.Namespace) -> int:
     from kvstream.errors import UsageError
 
     tiers = [(t["name"], t["path"]) for t in parse_tier_specs(args.tier, capacity_bytes=1)]
+    if len(tiers) < 2:
+        raise UsageError(f"needs two or more --tier NAME=PATH, got {len(tiers)} ({', '.join(n for n, _ in tiers)}); "
+                         "it compares a multi-tier read with the tiers' aggregate bound. For one tier's raw "
+                         "bandwidth and latency use `kvstream probe PATH`")
     if args.chunks < 1 or args.repeat < 1:
         raise UsageError("--chunks and --repeat must be at least 1")
+    from kvstream.routing import parse_router
+
+    parse_router(args.router, [n for n, _ in tiers], field_name="--router")  # a bad spec fails before any I/O
+    if args.throttled_tier and args.throttled_tier not in [n for n, _ in tiers]:
+        raise UsageError(f"--throttled-tier {args.throttled_tier!r} is not a tier; tiers: "
+                         f"{', '.join(n for n, _ in tiers)}")
     sched = None
     if args.bandwidth_schedule:
         if not args.throttle_device:
@@ -103,14 +118,17 @@ def _run_with_progress(cfg: Any, fn: Any, quiet: bool) -> dict[str, Any]:
         return fn(cfg)
     from rich.progress import Progress
 
-    with Progress(transient=True) as prog:
+    from kvstream.commands._common import console
+
+    with Progress(transient=True, console=console(stderr=True)) as prog:
         task = prog.add_task(f"bench read ({cfg.router})", total=cfg.repeat)
         return fn(cfg, progress=lambda done, total: prog.update(task, completed=done))
 
 
 def _print_read(r: dict[str, Any]) -> None:
-    from rich.console import Console
     from rich.table import Table
+
+    from kvstream.commands._common import console
 
     gb = r["bytes"] / 1e9
     t = Table(title=f"bench read: {r['chunks']} × {r['chunk_bytes'] / 2**20:g} MiB = {gb:.2f} GB, router "
@@ -121,7 +139,7 @@ def _print_read(r: dict[str, Any]) -> None:
     for name, p in r["per_tier"].items():
         t.add_row(name, f"{p['bytes'] / 1e9:.3f} GB", str(p["chunks"]), str(p["duplicates"]), f"{p['gbps']:.3f}",
                   f"{r['tier_alone_gbps'][name]:.3f}", f"{p['raw_concurrent_gbps']:.3f}")
-    con = Console()
+    con = console()
     con.print(t)
     con.print(f"store: {r['seconds']:.3f} s ({r['gbps']:.3f} GB/s)   bound: {r['bound_seconds']:.3f} s   "
               f"over bound: {r['over_bound'] * 100:+.1f} % (runs: "
@@ -133,7 +151,10 @@ def _print_read(r: dict[str, Any]) -> None:
 def _write(args: argparse.Namespace) -> int:
     from kvstream.benchmarks.write import WriteBenchConfig, run_write_bench
 
+    from kvstream.replication import parse_replication
+
     tiers = [(t["name"], t["path"]) for t in parse_tier_specs(args.tier, capacity_bytes=1)]
+    parse_replication(args.replication, field_name="--replication")  # a bad spec fails before any I/O
     cfg = WriteBenchConfig(tiers=tiers, chunks=args.chunks, chunk_bytes=args.chunk_bytes,
                            replication=args.replication, io_engine=args.engine, steps=args.steps,
                            read_chunks=args.read_chunks, write_chunks=args.write_chunks,
@@ -142,10 +163,11 @@ def _write(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(r, indent=2))
         return 0
-    from rich.console import Console
     from rich.table import Table
 
-    con = Console()
+    from kvstream.commands._common import console
+
+    con = console()
     w = r["write"]
     t = Table(title=f"bench write: {cfg.chunks} × {cfg.chunk_bytes / 2**20:g} MiB, replication {cfg.replication}, "
                     f"engine {r['io_engine']}")

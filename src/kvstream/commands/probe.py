@@ -23,6 +23,8 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from kvstream.commands._common import console as _console
+from kvstream.commands._common import positive_int
 from kvstream.errors import UsageError
 from kvstream.io import make_engine
 from kvstream.io.buffers import ALIGN
@@ -56,7 +58,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("paths", nargs="+", metavar="PATH", help="a folder on each tier to probe")
     p.add_argument("--size", type=parse_size, default=4 << 20, help="bytes per file = per chunk read (default 4M)")
     p.add_argument("--total", type=parse_size, default=512 << 20, help="bytes of test files per tier (default 512M)")
-    p.add_argument("--depth", type=int, default=16, help="ops in flight per ring (default 16)")
+    p.add_argument("--depth", type=positive_int, default=16, help="ops in flight per ring (default 16)")
     p.add_argument("--engine", choices=["auto", "uring", "threads"], default="auto", help="I/O engine (default auto)")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.set_defaults(handler=_run)
@@ -207,7 +209,6 @@ def probe(paths: list[Path], *, file_bytes: int, total_bytes: int, depth: int, e
 
 def _print_table(report: dict[str, Any]) -> None:
     """One column per tier (paths are long, tiers are few), one row per measurement."""
-    from rich.console import Console
     from rich.table import Table
 
     tiers = report["tiers"]
@@ -233,7 +234,7 @@ def _print_table(report: dict[str, Any]) -> None:
     )
     row("write GB/s of that load", lambda t: f"{t['under_write_load']['write_gbps']:.2f}")
     a = report["aggregate"]
-    console = Console()
+    console = _console()
     console.print(table)
     ratio = a["ratio_to_sum_of_alone"]
     tail = f" = {ratio:.0%} of the sum of each tier alone ({a['sum_of_alone_gbps']:.2f} GB/s)" if ratio else ""

@@ -38,32 +38,41 @@ SYSTEMS = ("kvstream", "kvstream-only", "bidaw-only", "lmcache-like")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
+    from kvstream.commands._common import (gpu_name, gpu_names, model_name, model_names, nonnegative_int,
+                                           positive_float, positive_int, preset_name, preset_names,
+                                           size_text)
+
     p = subparsers.add_parser("replay", help="serve a workload on the real store with a modelled GPU clock",
                               description=__doc__.split("\n\n")[0] if __doc__ else None)
     p.add_argument("--trace", metavar="PATH", help="a Mooncake-format trace (default: a synthetic agent workload)")
-    p.add_argument("--limit", type=int, default=None, help="replay only the first N requests of the trace")
-    p.add_argument("--preset", default="agent-small", help="synthetic workload preset (default agent-small)")
-    p.add_argument("--requests", type=int, default=None, help="synthetic: number of requests")
-    p.add_argument("--speed", type=float, default=1.0, help="replay arrivals this many times faster")
+    p.add_argument("--limit", type=positive_int, default=None, help="replay only the first N requests of the trace")
+    p.add_argument("--preset", type=preset_name, default="agent-small", metavar="NAME",
+                   help=f"synthetic workload preset: {', '.join(preset_names())}")
+    p.add_argument("--requests", type=positive_int, default=None,
+                   help="synthetic: number of requests (default: the preset's; a small number may read no disk)")
+    p.add_argument("--speed", type=positive_float, default=1.0, help="replay arrivals this many times faster")
     p.add_argument("--tier", action="append", default=[], metavar="NAME=PATH",
                    help="a tier folder (give two: local first, then shared); default: folders under --out")
-    p.add_argument("--out", default="kvstream-out", help="folder for tiers (default) and results")
+    p.add_argument("--out", default="kvstream-out", help="folder for tiers (unless --tier) and results")
     p.add_argument("--systems", default=",".join(SYSTEMS), help=f"comma-separated subset of {', '.join(SYSTEMS)}")
-    p.add_argument("--model", default="qwen2.5-1.5b", help="model whose KV size and compute are modelled")
-    p.add_argument("--gpu", default="h100")
-    p.add_argument("--tp", type=int, default=1)
-    p.add_argument("--memory", default="256MiB", help="host-memory tier size (small, so that disks are read)")
-    p.add_argument("--gpu-kv", default="1GiB",
+    p.add_argument("--model", type=model_name, default="qwen2.5-1.5b", metavar="NAME",
+                   help=f"model whose KV size and compute are modelled: {', '.join(model_names())}")
+    p.add_argument("--gpu", type=gpu_name, default="h100", metavar="NAME",
+                   help=f"modelled GPU: {', '.join(gpu_names())}")
+    p.add_argument("--tp", type=positive_int, default=1, help="tensor-parallel GPUs per instance")
+    p.add_argument("--memory", type=size_text, default="256MiB",
+                   help="host-memory tier size (small, so that disks are read)")
+    p.add_argument("--gpu-kv", type=size_text, default="1GiB",
                    help="the modelled GPU's KV capacity (HBM prefix cache); small, so that reuse reaches the store")
-    p.add_argument("--tier-capacity", default="4GiB", help="capacity of each disk tier")
-    p.add_argument("--emulate-gbps", type=float, default=0.4, help="bandwidth of an emulated shared tier, GB/s")
+    p.add_argument("--tier-capacity", type=size_text, default="4GiB", help="capacity of each disk tier")
+    p.add_argument("--emulate-gbps", type=positive_float, default=0.4, help="bandwidth of an emulated shared tier, GB/s")
     p.add_argument("--no-emulate", action="store_true", help="keep both tiers on their device even if it is the same")
-    p.add_argument("--slo", type=float, default=1.0, help="TTFT target for SLO attainment, seconds")
+    p.add_argument("--slo", type=positive_float, default=1.0, help="TTFT target for SLO attainment, seconds")
     p.add_argument("--crosscheck", action="store_true",
                    help="also simulate kvstream-only with the bandwidths this run measured, and compare")
     p.add_argument("--keep", action="store_true", help="keep the tier folders afterwards")
     p.add_argument("--json", action="store_true", help="print the results as JSON")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=nonnegative_int, default=0, help="seed of the synthetic workload")
     p.set_defaults(handler=_run)
 
 
@@ -234,8 +243,10 @@ def run_replay(args: argparse.Namespace) -> dict[str, Any]:
     try:
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+        from kvstream.commands._common import console
+
         with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                      transient=False, disable=args.json) as progress:
+                      transient=False, disable=args.json, console=console(stderr=True)) as progress:
             for n in names:
                 results.append(_run_one(n, reqs, tiers, args, emulated=emulated, progress=progress, cost=cost))
         report_cc = _crosscheck(reqs, results, args, cost, emulated, tiers) if args.crosscheck else None
@@ -255,9 +266,15 @@ def run_replay(args: argparse.Namespace) -> dict[str, Any]:
     }
     if report_cc is not None:
         report["crosscheck"] = report_cc
+    from kvstream.commands._common import have
+
     png = out / "replay.png"
-    _plot(results, png, emulated)
-    report["figure"] = str(png)
+    if have("matplotlib"):
+        _plot(results, png, emulated)
+        report["figure"] = str(png)
+    else:  # the core install has no plotting: the JSON and the table are the results, the figure is extra
+        report["figure"] = None
+        print("replay: figure skipped: matplotlib is not installed (pip install 'kvstream[plot]')", file=sys.stderr)
     (out / "replay.json").write_text(json.dumps(report, indent=1, default=str))
     return {"report": report, "results": results}
 
@@ -401,8 +418,9 @@ def _run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(rep, indent=1, default=str))
         return 0
-    from rich.console import Console
     from rich.table import Table
+
+    from kvstream.commands._common import console
 
     title = "kvstream replay: real store, modelled GPU" + (" — shared tier EMULATED" if rep["shared_tier"] == "emulated" else "")
     tab = Table(title=title)
@@ -419,7 +437,7 @@ def _run(args: argparse.Namespace) -> int:
                     f"{rb.get(names[0], 0) / 1e9:.2f}" if names else "-",
                     f"{rb.get(names[1], 0) / 1e9:.2f}" if len(names) > 1 else "-",
                     f"{s.get('storage_write_amplification', 0):.2f}", f"{r['wall_s']:.0f}")
-    con = Console(width=max(Console().width, 170))
+    con = console(min_width=170)
     con.print(tab)
     for n in rep["notes"]:
         con.print(f"[yellow]note:[/] {n}")
@@ -433,5 +451,6 @@ def _run(args: argparse.Namespace) -> int:
             con.print(f"crosscheck (kvstream-only): read time per step, replay {cc['replay_read_time_per_step_s']:.4f} s vs "
                       f"simulator {cc['sim_read_time_per_step_s']:.4f} s with the measured {tiers_txt}: "
                       f"{100 * cc['difference']:+.1f} % ({'within' if cc['within_10_percent'] else 'NOT within'} 10 %)")
-    con.print(f"figure: {rep['figure']}; results: {Path(args.out) / 'replay.json'}")
+    figure = f"figure: {rep['figure']}; " if rep["figure"] else ""
+    con.print(f"{figure}results: {Path(args.out) / 'replay.json'}")
     return 0

@@ -1,10 +1,13 @@
-"""``kvstream report``: gather every scenario's result (and a replay's, if present) into one HTML page.
+"""``kvstream report``: gather simulate and replay results from one folder into one HTML page.
 
     kvstream simulate --scenario all --out sim-out
     kvstream report --in sim-out --out sim-out/report.html
+    kvstream replay --out kvstream-out && kvstream report --in kvstream-out
 
-The page has one section per scenario: its set-up, the table of paper figure vs this project's figure with a
-verdict, and its PNG embedded (the page is a single self-contained file).
+The page has one section per scenario (NAME.json written by ``kvstream simulate``): its set-up, the table of
+paper figure vs this project's figure with a verdict, and its PNG embedded; and one per replay (``replay.json``
+written by ``kvstream replay``): its set-up, TTFT and bytes read per tier for each system, and ``replay.png``
+(TTFT CDFs, bytes per tier over time). The page is a single self-contained file.
 """
 
 from __future__ import annotations
@@ -23,8 +26,11 @@ _VERDICT_COLOUR = {"reproduced": "#d7f5d7", "beats": "#b9ecff", "close": "#fff3c
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser("report", help="gather simulate/replay results into one HTML page")
-    p.add_argument("--in", dest="inp", default="sim-out", help="folder with NAME.json and NAME.png (default sim-out)")
+    p = subparsers.add_parser("report", help="gather simulate/replay results into one HTML page",
+                              description=__doc__.split("\n\n")[0] if __doc__ else None)
+    p.add_argument("--in", dest="inp", default="sim-out", metavar="DIR",
+                   help="folder with results: NAME.json and NAME.png of kvstream simulate --out DIR, or "
+                        "replay.json and replay.png of kvstream replay --out DIR (default sim-out)")
     p.add_argument("--out", default=None, help="HTML file to write (default IN/report.html)")
     p.set_defaults(handler=_run)
 
@@ -55,22 +61,81 @@ def _section(res: dict[str, Any], folder: Path) -> str:
     )
 
 
-def build_report(folder: Path) -> str:
-    results = []
-    for p in sorted(folder.glob("*.json")):
+def _f(x: Any, fmt: str = ".3f") -> str:
+    return format(x, fmt) if isinstance(x, (int, float)) else "-"
+
+
+def _replay_section(res: dict[str, Any], folder: Path, anchor: str) -> str:
+    """One replay (``replay.json``): set-up, a row per system, and ``replay.png``."""
+    tiers = sorted({k.removeprefix("storage_read_bytes_") for r in res["results"] for k in r.get("summary", {})
+                    if k.startswith("storage_read_bytes_")})
+    head = ["system", "TTFT mean s", "P50", "P90", "P99", "SLO", "read/step s", *[f"{t} GB read" for t in tiers],
+            "write amp", "wall s"]
+    rows = []
+    for r in res["results"]:
+        s = r.get("summary", {})
+        slo = s.get("slo_attainment")
+        cells = [r.get("system", "?"), _f(s.get("ttft_mean_s")), _f(s.get("ttft_p50_s")), _f(s.get("ttft_p90_s")),
+                 _f(s.get("ttft_p99_s")), f"{100 * slo:.0f} %" if isinstance(slo, (int, float)) else "-",
+                 _f(s.get("read_time_per_step_s"), ".4f"),
+                 *[_f(s.get(f"storage_read_bytes_{t}", 0) / 1e9, ".2f") for t in tiers],
+                 _f(s.get("storage_write_amplification"), ".2f"), _f(r.get("wall_s"), ".0f")]
+        rows.append("<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in cells) + "</tr>")
+    setup = (f"{res.get('workload', '')}; {res.get('model', '')} on {res.get('gpu', '')} (modelled); shared tier "
+             f"{res.get('shared_tier', '?')}; GPU KV {res.get('gpu_kv', '?')}, host memory {res.get('memory', '?')}, "
+             f"arrivals x{res.get('speed', '?')}")
+    notes = "".join(f"<p><small>note: {html.escape(str(n))}</small></p>" for n in res.get("notes", []))
+    return (
+        f"<h2 id='{html.escape(anchor)}'>{html.escape(anchor)}: real store, modelled GPU</h2>"
+        f"<p>{html.escape(setup)}</p>{notes}"
+        "<table><tr>" + "".join(f"<th>{html.escape(h)}</th>" for h in head) + "</tr>" + "".join(rows) + "</table>"
+        + (_img(folder / "replay.png") if res.get("figure", "") is not None
+           else "<p><i>no figure: matplotlib was not installed for this replay</i></p>")
+    )
+
+
+def _is_scenario(data: Any) -> bool:
+    return isinstance(data, dict) and "rows" in data and "name" in data
+
+
+def _is_replay(data: Any) -> bool:
+    return isinstance(data, dict) and isinstance(data.get("results"), list) and "workload" in data
+
+
+def find_results(folder: Path) -> list[tuple[str, Path, dict[str, Any]]]:
+    """(kind, file, data) of every result in ``folder``: ``scenario`` (NAME.json of simulate) or ``replay``
+    (replay.json of replay, also one level down, e.g. several replays' --out folders under one)."""
+    found: list[tuple[str, Path, dict[str, Any]]] = []
+    for p in sorted([*folder.glob("*.json"), *folder.glob("*/replay.json")]):
         try:
             data = json.loads(p.read_text())
-        except (OSError, json.JSONDecodeError):
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError):
             continue
-        if isinstance(data, dict) and "rows" in data and "name" in data:
-            results.append(data)
-    toc = " · ".join(f"<a href='#{html.escape(r['name'])}'>{html.escape(r['name'])}</a>" for r in results)
-    body = "".join(_section(r, folder) for r in results) or "<p>No results found.</p>"
+        if _is_scenario(data):
+            found.append(("scenario", p, data))
+        elif _is_replay(data):
+            found.append(("replay", p, data))
+    return found
+
+
+def build_report(folder: Path) -> str:
+    sections = []
+    anchors = []
+    for kind, path, data in find_results(folder):
+        if kind == "scenario":
+            anchors.append(data["name"])
+            sections.append(_section(data, path.parent))
+        else:
+            anchor = "replay" if path.parent == folder else f"replay {path.parent.name}"
+            anchors.append(anchor)
+            sections.append(_replay_section(data, path.parent, anchor))
+    toc = " · ".join(f"<a href='#{html.escape(a)}'>{html.escape(a)}</a>" for a in anchors)
+    body = "".join(sections) or "<p>No results found.</p>"
     return (
-        "<!doctype html><meta charset='utf-8'><title>kvstream: paper figures vs this project</title>"
+        "<!doctype html><meta charset='utf-8'><title>kvstream: results</title>"
         "<style>body{font-family:sans-serif;max-width:1100px;margin:2em auto}table{border-collapse:collapse}"
         "td,th{border:1px solid #ccc;padding:4px 8px;vertical-align:top;font-size:90%}</style>"
-        "<h1>kvstream: the papers' figures beside this project's</h1>"
+        "<h1>kvstream results: the papers' figures beside this project's, and replays</h1>"
         f"<p>{toc}</p>{body}"
     )
 
@@ -78,7 +143,15 @@ def build_report(folder: Path) -> str:
 def _run(args: argparse.Namespace) -> int:
     folder = Path(args.inp)
     if not folder.is_dir():
-        raise FileNotFoundError(f"no results folder {folder} (run `kvstream simulate --scenario all --out {folder}`)")
+        from kvstream.errors import UsageError
+
+        raise UsageError(f"no results folder {folder} (run `kvstream simulate --scenario all --out {folder}` or "
+                         f"`kvstream replay --out {folder}` first)")
+    if not find_results(folder):
+        from kvstream.errors import UsageError
+
+        raise UsageError(f"no results in {folder}: expected NAME.json files written by `kvstream simulate --scenario "
+                         f"NAME --out {folder}`, or replay.json written by `kvstream replay --out {folder}`")
     out = Path(args.out) if args.out else folder / "report.html"
     out.write_text(build_report(folder))
     print(f"wrote {out}")

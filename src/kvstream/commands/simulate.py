@@ -24,6 +24,9 @@ _SYSTEMS = ("kvstream", "lmcache", "bidaw", "kvstream+bidaw")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
+    from kvstream.commands._common import (gpu_name, gpu_names, model_aliases, model_name, nonnegative_int,
+                                           positive_float)
+
     p = subparsers.add_parser("simulate", help="run the discrete-event simulator (paper scenarios or a trace)",
                               description=__doc__.split("\n\n")[0] if __doc__ else None)
     g = p.add_mutually_exclusive_group(required=True)
@@ -32,14 +35,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     g.add_argument("--list", action="store_true", help="list the scenarios and the TARGETS.md rows they cover")
     p.add_argument("--quick", action="store_true", help="shrink the workloads (a first look; the docs use full runs)")
     p.add_argument("--out", default="sim-out", help="folder for PNG and JSON results (default ./sim-out)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=nonnegative_int, default=0, help="random seed of the workloads")
     p.add_argument("--json", action="store_true", help="print results as JSON")
     p.add_argument("--system", choices=_SYSTEMS, default="kvstream", help="with --trace: the system to run")
-    p.add_argument("--model", default="70b", help="with --trace: model (14b, 32b, 70b, 110b, opt-13b, ...)")
-    p.add_argument("--gpu", default="h100", help="with --trace: h100, a100 or a800")
+    p.add_argument("--model", type=model_name, default="70b", metavar="NAME",
+                   help=f"with --trace: model, a name or an alias ({', '.join(model_aliases())}, opt-13b, ...; "
+                        "an unknown name lists them all)")
+    p.add_argument("--gpu", type=gpu_name, default="h100", metavar="NAME", help=f"with --trace: {', '.join(gpu_names())}")
     p.add_argument("--testbed", type=int, choices=(1, 2), default=1, help="with --trace: tier profile")
-    p.add_argument("--time-scale", type=float, default=1.0, help="with --trace: replay this many times faster")
-    p.add_argument("--host-gb", type=float, default=512.0, help="with --trace: host memory per node, GB")
+    p.add_argument("--time-scale", type=positive_float, default=1.0, help="with --trace: replay this many times faster")
+    p.add_argument("--host-gb", type=positive_float, default=512.0, help="with --trace: host memory per node, GB")
     p.set_defaults(handler=_run)
 
 
@@ -56,6 +61,9 @@ def _run(args: argparse.Namespace) -> int:
     for n in names:
         if n not in SCENARIOS:
             raise UsageError(f"unknown scenario {n!r}; known: {', '.join(SCENARIOS)} (or 'all')")
+    from kvstream.commands._common import require
+
+    require("matplotlib", "simulate --scenario (each scenario writes its figure)")
     out = Path(args.out)
     results = []
     for n in names:

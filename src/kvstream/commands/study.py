@@ -22,6 +22,8 @@ from typing import Any
 
 import numpy as np
 
+from kvstream.commands._common import (console, nonnegative_float, nonnegative_int, positive_float, positive_int,
+                                       require)
 from kvstream.models import get_model, known_models
 
 GIB = 1 << 30
@@ -42,11 +44,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
 
     ev = sub.add_parser("eviction", help="cache-only replay: hit/miss rate of each eviction policy per memory size")
     _common(ev)
-    ev.add_argument("--memory-gb", type=float, nargs="+", default=[120.0, 160.0, 200.0], metavar="G",
+    ev.add_argument("--memory-gb", type=positive_float, nargs="+", default=[120.0, 160.0, 200.0], metavar="G",
                     help="host memory sizes in GiB (default: 120 160 200, the paper's range)")  # fmt: skip
     ev.add_argument("--policies", nargs="+", default=None, metavar="NAME",
                     help="policies to replay (default: fifo lru lfu inclusive queue-aware hit-potential belady)")  # fmt: skip
-    ev.add_argument("--lookahead", type=int, default=30, help="queue-aware look-ahead window in requests (default 30)")
+    ev.add_argument("--lookahead", type=positive_int, default=30, help="queue-aware look-ahead window in requests (default 30)")
     ev.add_argument("--keep-finished", action="store_true",
                     help="keep a conversation's KV after its last round (default: drop it, as the trace authors do)")  # fmt: skip
     ev.add_argument("--per-part", action="store_true", help="replay each trace part on its own, not only all together")
@@ -56,26 +58,35 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
 
     ru = sub.add_parser("reuse", help="weighted reuse distance distribution and answer-length correlation")
     _common(ru)
-    ru.add_argument("--memory-gb", type=float, nargs="+", default=[120.0, 160.0, 200.0], metavar="G",
+    ru.add_argument("--memory-gb", type=positive_float, nargs="+", default=[120.0, 160.0, 200.0], metavar="G",
                     help="memory sizes in GiB for the 'share farther than memory' figure")  # fmt: skip
-    ru.add_argument("--window-fraction", type=float, default=0.3,
+    ru.add_argument("--window-fraction", type=positive_float, default=0.3,
                     help="share of each hour's users kept in the uniform hourly windows (default 0.3, as the authors)")  # fmt: skip
-    ru.add_argument("--window-offsets", type=float, nargs="+", default=[1200.0], metavar="S",
+    ru.add_argument("--window-offsets", type=nonnegative_float, nargs="+", default=[1200.0], metavar="S",
                     help="start of the 10-minute window, seconds into the cohort's hour (default 1200, as the authors)")  # fmt: skip
-    ru.add_argument("--min-cohort", type=int, default=300,
+    ru.add_argument("--min-cohort", type=positive_int, default=300,
                     help="hourly windows only for hours in which at least this many users of a part start (default 300)")  # fmt: skip
     ru.set_defaults(handler=_run_reuse)
 
 
 def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--trace", required=True, help="a Bidaw trace file, or a folder of parts (*.txt)")
-    p.add_argument("--model", default="opt-13b", help=f"model shape for KV bytes per token (known: {', '.join(known_models())})")
-    p.add_argument("--user-fraction", type=float, default=1.0,
+    p.add_argument("--model", type=_study_model, default="opt-13b", metavar="NAME",
+                   help=f"model shape for KV bytes per token: {', '.join(known_models())} (default opt-13b)")
+    p.add_argument("--user-fraction", type=positive_float, default=1.0,
                    help="keep this share of users (multiple of 0.1; the authors thin to 0.3). Default 1.0")  # fmt: skip
-    p.add_argument("--context-cap", type=int, default=None,
+    p.add_argument("--context-cap", type=nonnegative_int, default=None,
                    help="cap a conversation's KV at this many tokens (default: the model's context; 0 = no cap)")  # fmt: skip
-    p.add_argument("--limit", type=int, default=None, help="read at most this many requests per trace file")
+    p.add_argument("--limit", type=positive_int, default=None, help="read at most this many requests per trace file")
     p.add_argument("--json", action="store_true", help="print machine-readable JSON instead of tables")
+
+
+def _study_model(text: str) -> str:
+    """``--model`` of the studies: a name from :mod:`kvstream.models` (case-insensitive)."""
+    try:
+        return get_model(text).name
+    except KeyError:
+        raise argparse.ArgumentTypeError(f"unknown model {text!r}; choose from {', '.join(known_models())}") from None
 
 
 def _model_and_cap(args: argparse.Namespace) -> tuple[Any, int | None]:
@@ -108,11 +119,8 @@ def _progress(enabled: bool, total: int, label: str) -> Iterator[Callable[[int],
 
 
 def _console(stderr: bool = False) -> Any:
-    from rich.console import Console
-
-    stream = sys.stderr if stderr else sys.stdout
-    # Piped output would wrap the wide tables at 80 columns; give it room.
-    return Console(stderr=stderr, width=None if stream.isatty() else 160)
+    # Piped output would cut the wide tables at 80 columns; the shared console gives it room.
+    return console(stderr=stderr)
 
 
 def _pct(x: float) -> str:
@@ -269,6 +277,7 @@ def _run_reuse(args: argparse.Namespace) -> int:
     from kvstream.study.reuse import answer_distance_correlation, authors_windows, hourly_windows, weighted_reuse_distances
     from kvstream.workload.bidaw import read_bidaw_trace
 
+    require("scipy", "study reuse (Spearman correlation)")
     model, cap = _model_and_cap(args)
     if not 0 < args.window_fraction <= 1:
         raise UsageError("--window-fraction must be in (0, 1]")
