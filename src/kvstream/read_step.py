@@ -56,7 +56,7 @@ Invariants (tested with hypothesis against a model, ``tests/test_read_step.py``)
 exactly once; a delivered read is from a tier holding the chunk and was checked ok; every read that got a
 buffer (Submit) is released or delivered exactly once; no read goes into a target while another read into it
 is in flight, and a chunk is delivered only once no read into its target is in flight (or it is reported
-busy); a tier's bytes in flight exceed its window only by the one read it may always have.
+busy); a tier's bytes in flight stay within its window, but for the one read it may always have.
 """
 
 from __future__ import annotations
@@ -181,7 +181,8 @@ class ReadStep:
 
     ``schedule``: the router's schedule for the step's chunks (``holders`` given to the router). ``nbytes[j]``:
     bytes a read of chunk ``j`` moves (its file, or its header for ``get_meta``). ``windows[t]``: tier ``t``'s
-    read window in bytes (a tier always may have one read in flight). ``readahead_bytes``: refills stop while
+    read window in bytes: a tier claims a read only if it fits whole (the step's largest read), and always may
+    have one read in flight. ``readahead_bytes``: refills stop while
     this many bytes have landed and are not checked yet (None: the sum of the windows). ``hedge_after_s``: a
     read in flight (or opening) longer than this is stuck: its tier is reported :class:`Stalled` and the chunk
     may be read by another usable holder (None or 0: no hedging). ``in_place[j]``: the capacity of chunk ``j``'s
@@ -201,6 +202,7 @@ class ReadStep:
         self.sched = schedule
         self.n_tiers = schedule.n_tiers
         self.nbytes = list(nbytes)
+        self._read_size = max(self.nbytes, default=0)  # what the next claim may add to a tier's bytes in flight
         self.windows = [max(int(w), 1) for w in windows]
         self.hedge_after_s = hedge_after_s or None
         self.readahead_bytes = sum(self.windows) if readahead_bytes is None else readahead_bytes
@@ -474,7 +476,10 @@ class ReadStep:
             self._busy_since[t] = None
 
     def _fill(self, t: int, now: float, out: list[Action]) -> None:
-        while not self.closed and (self._inflight_bytes[t] < self.windows[t] or not self._active[t]):
+        # A read is claimed only if it fits the window whole (a tier always may have one read in flight): a
+        # window of 1.05 chunks means one read at a time, not two.
+        while not self.closed and (self._inflight_bytes[t] + self._read_size <= self.windows[t]
+                                   or not self._active[t]):
             claim = self.sched.next_claim(t)
             if not claim:
                 return

@@ -10,10 +10,14 @@ Host memory holds clean cached chunks and pinned ones (read for a request that h
 to be written). Pinned chunks are not in the eviction policy (its protocol: pinned entries are simply not
 inserted). If everything is pinned, host memory overflows rather than deadlocks; the overflow is reported.
 
-Driving a read (as the real store does): the load's disk chunks form one list; the router's schedule is
-asked for claims whenever a tier has room (``read_window`` chunks in flight per tier and load); each landing
-is reported with ``on_landed``; the first copy is pinned in host memory, a duplicate is dropped (its bytes are
-still counted: they were read). The load completes when the schedule is finished.
+Driving a read: the load's disk chunks form one :class:`kvstream.read_step.ReadStep`, the very object the real
+store's reader drives (claims, read windows, the read-ahead bound, duplicates, losses). Here its actions are
+carried out on modelled devices: an ``Open`` is answered at once (file metadata is not modelled), a ``Submit``
+becomes a device read, a landing is checked after ``verify_s`` of the node's one verifying CPU, and a
+``Deliver`` pins the chunk in host memory. No hedging: the devices do not stall.
+
+Disk tiers with a capacity evict with the store's :class:`~kvstream.eviction.EvictionPolicy` objects
+(``SimTier.eviction``, LRU by default, as ``tiers/files.py`` does), counted in bytes like the store.
 
 Writes: one op per (write batch, tier) on that tier's write queue, at most ``write_depth`` in flight; a chunk
 becomes readable from a tier when that op completes, and until then it is in host memory (pinned).
@@ -26,7 +30,8 @@ from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from kvstream.eviction import AccessMeta, EvictionPolicy
+from kvstream.eviction import AccessMeta, EvictionPolicy, eviction_options, make_eviction_policy
+from kvstream.read_step import ChunkState, Deliver, Open, ReadState, ReadStep, Release, Submit
 from kvstream.replication import CopyOrder, ReadObservation, ReplicationPolicy, WriteIntent
 from kvstream.read_windows import ReadWindows
 from kvstream.routing import ReadRouter
@@ -54,11 +59,13 @@ class SimTier:
     device: Device
     read_window: int = 2  # chunks in flight per tier and load
     write_depth: int = 4  # write ops in flight
-    capacity_chunks: int | None = None  # None = unlimited; else LRU eviction of this node's chunks
+    capacity_chunks: int | None = None  # None = unlimited; else this node's chunks are evicted (``eviction``)
     client: int = 0  # this node's client id on a shared device
-    chunks: OrderedDict = field(default_factory=OrderedDict)  # chunk id -> None, LRU order
+    eviction: str = "lru"  # the store's tier eviction policy name (kvstream.eviction)
+    chunks: OrderedDict = field(default_factory=OrderedDict)  # chunk id -> None (the tier's contents)
     write_q: deque = field(default_factory=deque)
     writes_inflight: int = 0
+    policy: EvictionPolicy | None = None  # built by SimStorage when capacity_chunks is set
     read_bytes: int = 0  # bytes this node read here (duplicates included)
     dup_bytes: int = 0
     write_bytes: int = 0
@@ -66,22 +73,18 @@ class SimTier:
 
 
 class _Load:
-    __slots__ = ("load_id", "items", "avail", "disk", "sched", "holders", "inflight", "busy_since", "busy_s",
-                 "tier_bytes", "on_done", "need", "start", "pinned", "done", "pot0")
+    __slots__ = ("load_id", "items", "avail", "disk", "step", "holders", "on_done", "need", "start", "pinned",
+                 "done", "pot0")
 
-    def __init__(self, load_id: int, items: Sequence[tuple[int, tuple[Hashable, ...]]], n_tiers: int,
+    def __init__(self, load_id: int, items: Sequence[tuple[int, tuple[Hashable, ...]]],
                  on_done: Callable[[LoadDone], None], start: float) -> None:
         self.load_id = load_id
         self.items = items
         self.avail = [len(ch) for _, ch in items]  # leading chunks available per item (shrinks on loss)
         self.disk: list[Hashable] = []  # unique chunks to read, in read-list order
         self.need: dict[Hashable, list[int]] = {}  # chunk -> item indices waiting for it
-        self.sched = None
+        self.step: ReadStep | None = None
         self.holders: list[frozenset[int]] = []
-        self.inflight = [0] * n_tiers
-        self.busy_since = [0.0] * n_tiers
-        self.busy_s = [0.0] * n_tiers
-        self.tier_bytes = [0] * n_tiers
         self.on_done = on_done
         self.start = start
         self.pinned: list[list[Hashable]] = [[] for _ in items]  # item -> chunks pinned on its behalf
@@ -134,6 +137,10 @@ class SimStorage:
         self.lost_chunks = 0
         self.copy_orders = 0
         self._sets = [t.chunks for t in self.tiers]
+        for t in self.tiers:
+            if t.capacity_chunks is not None and t.policy is None:
+                cap = t.capacity_chunks * self.chunk_bytes
+                t.policy = make_eviction_policy(t.eviction, **eviction_options(t.eviction, cap))
         self.read_log: list[tuple[float, float, float, int, tuple[int, ...]]] = []  # (start, s, bound s, bytes, per tier)
 
     # -- the core's query -----------------------------------------------------------------------------------
@@ -194,7 +201,7 @@ class SimStorage:
                    on_done: Callable[[LoadDone], None],
                    metas: Sequence[tuple[Hashable | None, int | None]] = ()) -> None:
         n_t = len(self.tiers)
-        ld = _Load(load_id, items, n_t, on_done, self.loop.now)
+        ld = _Load(load_id, items, on_done, self.loop.now)
         host, sets = self._host, self._sets
         for k, (_, chunks) in enumerate(items):
             if k < len(metas) and metas[k][0] is not None:
@@ -222,70 +229,73 @@ class SimStorage:
             # Host memory only: done at once (as an event, so the core is never re-entered).
             self.loop.at(self.loop.now, PRIO_IO, self._finish_load, ld)
             return
-        ld.sched = self.router.schedule(ld.holders, n_t)
+        if self.read_windows is not None:
+            windows = self.read_windows.windows()
+        else:
+            windows = [t.read_window * self.chunk_bytes for t in self.tiers]
+        ld.step = ReadStep(self.router.schedule(ld.holders, n_t), [self.chunk_bytes] * len(ld.disk), windows)
         for tier in self.tiers:
             tier.device._advance(self.loop.now)
         ld.pot0 = [tier.device.potential_read for tier in self.tiers]
-        for t in range(n_t):
-            self._pump(ld, t)
+        self._carry_out(ld, ld.step.start(self.loop.now))
 
-    def _pump(self, ld: _Load, t: int) -> None:
-        tier = self.tiers[t]
-        limit = tier.read_window
-        if self.read_windows is not None:
-            limit = max(self.read_windows.window(t) // self.chunk_bytes, 1)
-        while ld.inflight[t] < limit:
-            claim = ld.sched.next_claim(t)
-            if not claim:
-                return
-            for i in claim:
-                if ld.inflight[t] == 0:
-                    ld.busy_since[t] = self.loop.now
-                ld.inflight[t] += 1
-                tier.device.submit(READ, self.chunk_bytes, self._landed, (ld, t, i), client=tier.client)
+    def _carry_out(self, ld: _Load, acts: list) -> None:
+        """The read step's actions on modelled devices (see the module docstring)."""
+        todo = list(acts)
+        step = ld.step
+        while todo:
+            a = todo.pop(0)
+            if isinstance(a, Open):
+                todo.extend(step.opened(a.read, self.loop.now, self.chunk_bytes))
+            elif isinstance(a, Submit):
+                r = step.reads[a.read]
+                tier = self.tiers[r.tier]
+                tier.device.submit(READ, a.nbytes, self._landed, (ld, a.read), client=tier.client)
+            elif isinstance(a, Deliver):
+                r = step.reads[a.read]
+                c = ld.disk[a.chunk]
+                for k in ld.need[c]:
+                    self._pin(c)
+                    ld.pinned[k].append(c)
+                tier = self.tiers[r.tier]
+                if tier.policy is not None and c in tier.chunks:
+                    tier.policy.on_access(c, now=self.loop.now)
+            elif isinstance(a, Release):
+                r = step.reads[a.read]
+                if r.state is ReadState.DUPLICATE or (a.late and r.state is ReadState.RELEASED):
+                    self.tiers[r.tier].dup_bytes += self.chunk_bytes
+                    self.duplicate_chunks += 1
+            # Lost: read from step.chunks when the load finishes; Stalled/Busy: no hedging here
 
-    def _landed(self, arg: tuple[_Load, int, int]) -> None:
+    def _landed(self, arg: tuple[_Load, int]) -> None:
+        ld, rid = arg
+        step = ld.step
+        t = step.reads[rid].tier
+        self.tiers[t].read_bytes += self.chunk_bytes
+        acts = step.landed(rid, self.loop.now)
+        self._carry_out(ld, acts)
+        if step.reads[rid].state is not ReadState.LANDED:
+            return  # a read the load no longer needed (it was over)
         if self.verify_s > 0:
             self._cpu_free = max(self._cpu_free, self.loop.now) + self.verify_s
             self.loop.at(self._cpu_free, PRIO_IO, self._verified, arg)
         else:
             self._verified(arg)
 
-    def _verified(self, arg: tuple[_Load, int, int]) -> None:
-        ld, t, i = arg
-        now = self.loop.now
-        ld.inflight[t] -= 1
-        if ld.inflight[t] == 0:
-            ld.busy_s[t] += now - ld.busy_since[t]
-        tier = self.tiers[t]
-        tier.read_bytes += self.chunk_bytes
-        ld.tier_bytes[t] += self.chunk_bytes
-        c = ld.disk[i]
-        if ld.sched.on_landed(t, i):
-            for k in ld.need[c]:
-                self._pin(c)
-                ld.pinned[k].append(c)
-            if tier.capacity_chunks is not None and c in tier.chunks:
-                tier.chunks.move_to_end(c)
-        else:
-            tier.dup_bytes += self.chunk_bytes
-            self.duplicate_chunks += 1
-        if ld.done:
-            return  # a straggling duplicate of a load already reported
-        if ld.sched.finished:
-            for u in range(len(self.tiers)):
-                if ld.inflight[u]:
-                    ld.busy_s[u] += now - ld.busy_since[u]
-                    ld.busy_since[u] = now
-            self._finish_load(ld)
+    def _verified(self, arg: tuple[_Load, int]) -> None:
+        ld, rid = arg
+        step = ld.step
+        if ld.done or step.reads[rid].state is not ReadState.LANDED:
             return
-        for u in range(len(self.tiers)):
-            self._pump(ld, u)
+        self._carry_out(ld, step.checked(rid, self.loop.now, True))
+        if step.done and not ld.done:
+            self._carry_out(ld, step.close(self.loop.now))
+            self._finish_load(ld)
 
     def _finish_load(self, ld: _Load) -> None:
         ld.done = True
-        if ld.sched is not None:
-            lost = ld.sched.lost()
+        if ld.step is not None:
+            lost = [j for j, st in enumerate(ld.step.chunks) if st is ChunkState.LOST]
             if lost:
                 self.lost_chunks += len(lost)
                 lost_set = {ld.disk[i] for i in lost}
@@ -301,7 +311,7 @@ class SimStorage:
                 if c not in keep:
                     self._unpin(c)
         self.loads_done += 1
-        if ld.sched is not None:
+        if ld.step is not None:
             now = self.loop.now
             dur = now - ld.start
             pot = 0.0
@@ -312,16 +322,16 @@ class SimStorage:
             # The aggregate-bandwidth bound: the time the useful bytes take at the sum of what each tier could
             # give reads over this very interval (its write load and other tenants included).
             bound = useful * dur / pot if pot > 0 else dur
-            self.read_log.append((ld.start, dur, bound, useful, tuple(ld.tier_bytes)))
+            self.read_log.append((ld.start, dur, bound, useful, tuple(ld.step.tier_bytes)))
             if self.read_windows is not None:
                 for t in range(len(self.tiers)):
-                    self.read_windows.observe(t, ld.tier_bytes[t], ld.busy_s[t])
+                    self.read_windows.observe(t, ld.step.tier_bytes[t], ld.step.busy_s[t])
             orders = self.replication.on_read(ReadObservation(
                 now=self.loop.now,
                 keys=[chunk_key(c) for c in ld.disk],
                 holders=ld.holders,
-                tier_bytes=ld.tier_bytes,
-                tier_busy_s=ld.busy_s,
+                tier_bytes=ld.step.tier_bytes,
+                tier_busy_s=ld.step.busy_s,
             ))
             if orders:
                 self._copy(orders, ld)
@@ -400,18 +410,22 @@ class SimStorage:
         tier.write_bytes += len(chunks) * self.chunk_bytes
         s = tier.chunks
         for c in chunks:
+            if tier.policy is not None and c not in s:
+                tier.policy.on_insert(c, self.chunk_bytes, now=self.loop.now)
             s[c] = None
-            if tier.capacity_chunks is not None:
-                s.move_to_end(c)
             left = self._write_left[c] - 1
             if left:
                 self._write_left[c] = left
             else:
                 del self._write_left[c]
             self._unpin(c)
-        if tier.capacity_chunks is not None:
-            while len(s) > tier.capacity_chunks:
-                s.popitem(last=False)
+        if tier.policy is not None:
+            while len(s) > tier.capacity_chunks:  # type: ignore[operator]
+                victim = tier.policy.victim(now=self.loop.now)
+                if victim is None:
+                    break
+                tier.policy.on_remove(victim)
+                del s[victim]
                 tier.evicted += 1
         self._pump_writes(t)
 
@@ -420,6 +434,9 @@ class SimStorage:
         n_t = len(self.tiers)
         for j, c in enumerate(chunk_ids):
             for t in self.replication.targets(WriteIntent(key=chunk_key(c), nbytes=self.chunk_bytes, position=j), n_t):
+                pol = self.tiers[t].policy
+                if pol is not None and c not in self._sets[t]:
+                    pol.on_insert(c, self.chunk_bytes)
                 self._sets[t][c] = None
 
     # -- reports --------------------------------------------------------------------------------------------
