@@ -200,8 +200,7 @@ class Reader:
             acts = step.close(now)
             wait_for = [call.tags[rid] for rid in step.in_place_pending() if rid in call.tags]
         for a in acts:
-            if isinstance(a, Release):
-                self._release(call, call.tags.get(a.read), late=False)
+            self._act(call, a)  # Release only: landed reads nobody checked (late) and copies that waited
         with call.cv:
             call.cv.wait_for(lambda: all(t.parts == 0 and t.fd < 0 for t in wait_for))
             leftovers = [t for rid, t in call.tags.items()

@@ -149,6 +149,10 @@ class Store:
         self.put_wait_s = 1.0  # longest a put waits for host memory held by unwritten chunks before dropping
         self._writes_cv = threading.Condition(threading.Lock())
         self._publisher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kvs-publish")
+        # One writer thread per tier starts its writes (room, temporary file): flush() never waits for a slow or
+        # frozen file system, and one tier's never holds up another's.
+        self._writers = [ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"kvs-write-{t.name}")
+                         for t in self.tiers]
         self._closed = False
         self._c: dict[str, float] = {
             "puts": 0, "put_bytes": 0, "put_file_bytes": 0, "puts_duplicate": 0, "puts_dropped_no_memory": 0,
@@ -176,6 +180,8 @@ class Store:
         self.flush()
         self.drain()
         self._closed = True
+        for w in self._writers:
+            w.shutdown(wait=True)
         self._publisher.shutdown(wait=True)
         self._reader.close()
         for t in self.tiers:
@@ -329,20 +335,39 @@ class Store:
         return submitted
 
     def _submit_write(self, tier: DirectoryTier, entry: MemEntry, attempt: int = 0) -> bool:
+        """Hand one copy of ``entry`` to ``tier``'s writer thread. Returns at once: the entry is dirty (kept in
+        host memory) and counted in flight from here, and everything that can block on the file system (making
+        room by eviction, creating the temporary file) happens on the writer thread, never on the caller's."""
         fsize = entry.file_size
-        if not tier.reserve(fsize):
-            tier.counters.write_skipped_full += 1
-            return False
-        try:
-            fd, tmp = tier.create_temp(entry.key)
-        except OSError as exc:
-            tier.unreserve(fsize)
-            self._write_failed(tier, -(exc.errno or 5))
-            return False
         self.memory.mark_dirty(entry)
         with self._writes_cv:
             self._writes_inflight += 1
             self._write_backlog[tier.position] += fsize
+        try:
+            self._writers[tier.position].submit(self._start_write, tier, entry, attempt)
+        except RuntimeError:  # closing: the writer threads are gone
+            self._start_write(tier, entry, attempt)
+        return True
+
+    def _start_write(self, tier: DirectoryTier, entry: MemEntry, attempt: int) -> None:
+        """On the tier's writer thread: reserve room, create the temporary file, submit the write."""
+        fsize = entry.file_size
+        try:
+            if not tier.reserve(fsize):
+                tier.counters.write_skipped_full += 1
+                self._write_not_started(tier, entry, fsize)
+                return
+            try:
+                fd, tmp = tier.create_temp(entry.key)
+            except OSError as exc:
+                tier.unreserve(fsize)
+                self._write_failed(tier, -(exc.errno or 5))
+                self._write_not_started(tier, entry, fsize)
+                return
+        except Exception:  # a writer thread must answer for every copy it was given
+            log.exception("tier %s: starting a write failed", tier.name)
+            self._write_not_started(tier, entry, fsize)
+            return
         op = IOOp(kind=OpKind.WRITE, fd=fd, buf=entry.buf, length=fsize, offset=0,
                   callback=self._on_write_done, tag=(tier, entry, tmp, attempt))
         try:
@@ -350,8 +375,13 @@ class Store:
         except StoreClosedError:
             os.close(fd)
             self._finish_write(tier, entry, tmp, fsize, ok=False, err=-5)
-            return False
-        return True
+
+    def _write_not_started(self, tier: DirectoryTier, entry: MemEntry, fsize: int) -> None:
+        self.memory.mark_clean(entry)
+        with self._writes_cv:
+            self._writes_inflight -= 1
+            self._write_backlog[tier.position] -= fsize
+            self._writes_cv.notify_all()
 
     def _on_write_done(self, op: IOOp) -> None:
         # Ring thread: hand the slow part (fsync, link, index append) to the publisher.

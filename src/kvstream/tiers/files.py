@@ -270,6 +270,8 @@ class DirectoryTier:
             self.drop(key, unlink=False)
             return None
         except OSError as exc:  # EIO reading a directory block, EACCES, ESTALE: the tier fails, the file may be fine
+            if self._not_a_file(key):  # a FIFO or device at the path (O_DIRECT refuses those): not the tier's fault
+                return None
             self.counters.read_errors += 1
             raise TierError(self.name, "open", exc.errno, f"{self.relpath(key)}: {exc.strerror}") from None
         try:
@@ -283,6 +285,17 @@ class DirectoryTier:
             self.quarantine(key, "not a regular file")
             return None
         return fd, size
+
+    def _not_a_file(self, key: bytes) -> bool:
+        """True (and the entry quarantined) if something other than a regular file sits at the chunk's path."""
+        try:
+            mode = os.lstat(self.path_for(key)).st_mode
+        except OSError:
+            return False
+        if stat.S_ISREG(mode):
+            return False
+        self.quarantine(key, "not a regular file")
+        return True
 
     def present(self) -> bool:
         """True while the tier folder is still this tier (its marker is there: not unmounted or replaced)."""

@@ -1,0 +1,118 @@
+"""Never stuck past the hedge: a tier whose opens hang, a FIFO planted at a chunk path, a frozen write side.
+
+Opens run on each tier's open threads, off the step's lock, and the hedge deadline counts from the claim: a
+slow open is a slow read, read again from the other holder. ``flush()`` hands room-making and temporary files to
+each tier's writer thread and returns. The slow open here is an emulation (a monkeypatched ``open_for_read`` that
+sleeps, labelled as such); the FIFO is real.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import threading
+import time
+
+import numpy as np
+
+import kvstream
+from kvstream.format import ChunkMeta
+
+
+def cfg_for(root, **kw):
+    d = {"tiers": [{"name": "local", "path": str(root / "local"), "capacity_bytes": "64MiB"},
+                   {"name": "shared", "path": str(root / "shared"), "capacity_bytes": "64MiB"}],
+         "memory_bytes": "8MiB", "create_dirs": True, "io_engine": "threads", "hedge_after_s": 0.05}
+    d.update(kw)
+    return d
+
+
+def stored(cfg, n=16, size=60_000):
+    rng = random.Random(5)
+    data = {rng.randbytes(16): np.random.default_rng(i).bytes(size) for i in range(n)}
+    with kvstream.open_store(cfg) as s:
+        for k, v in data.items():
+            s.put(k, v, meta=ChunkMeta(dtype="uint8", shape=(len(v),), fmt="raw"))
+    return data
+
+
+def test_opens_that_hang_on_one_tier_are_hedged_to_the_other(disk_tmp):
+    """Emulated slow metadata: every open on the local tier takes 3 s. A 16-chunk step finishes in well under
+    that (the shared tier reads everything), and the local tier's breaker hears of it."""
+    cfg = cfg_for(disk_tmp)
+    data = stored(cfg)
+    keys = list(data)
+    with kvstream.open_store(cfg) as s:
+        local = s.tiers[0]
+        real_open = local.open_for_read
+        release = threading.Event()
+
+        def slow_open(key):  # emulation of a cold dentry on a throttled device / a network file system
+            release.wait(3.0)
+            return real_open(key)
+
+        local.open_for_read = slow_open
+        try:
+            s.evict_memory()
+            t0 = time.monotonic()
+            out = s.get_many(keys)
+            took = time.monotonic() - t0
+            assert all(v is not None and bytes(v) == data[k] for k, v in zip(keys, out))
+            assert took < 1.5, f"a step waited {took:.2f} s for hanging opens (hedge 0.05 s)"
+            # two more steps: the stuck opens keep the local tier failing until its breaker opens
+            for _ in range(3):
+                s.evict_memory()
+                time.sleep(0.06)
+                assert all(v is not None for v in s.get_many(keys))
+            assert s.health[0].opened >= 1 or s.health[0].failures >= 3
+        finally:
+            release.set()
+            local.open_for_read = real_open
+
+
+def test_a_fifo_at_a_chunk_path_is_a_miss_on_that_tier_not_a_hang(disk_tmp):
+    cfg = cfg_for(disk_tmp, hedge_after_s=None)  # no hedge to rescue it: the open itself must not block
+    data = stored(cfg, n=4)
+    keys = list(data)
+    with kvstream.open_store(cfg) as s:
+        path = s.tiers[0].path_for(keys[1])
+        os.unlink(path)
+        os.mkfifo(path)
+        result: list = []
+        t = threading.Thread(target=lambda: result.append(s.get_many(keys)), daemon=True)
+        t.start()
+        t.join(10)
+        assert not t.is_alive(), "get_many hung on a FIFO at a chunk path"
+        out = result[0]
+        assert all(v is not None and bytes(v) == data[k] for k, v in zip(keys, out))  # the other replica
+        assert s.tiers[0].counters.corrupt_chunks == 1 and s.tiers[0].counters.read_errors == 0  # not a tier fault
+        assert not s.tiers[0].contains(keys[1])  # quarantined: not offered again
+
+
+def test_flush_returns_while_a_tier_cannot_create_files(disk_tmp):
+    """A frozen file system (emulated: create_temp blocks) holds the writer thread, not the caller."""
+    cfg = cfg_for(disk_tmp)
+    with kvstream.open_store(cfg) as s:
+        shared = s.tiers[1]
+        real_create = shared.create_temp
+        gate = threading.Event()
+
+        def frozen_create(key):  # emulation of fsfreeze / a hung network file system
+            gate.wait(10)
+            return real_create(key)
+
+        shared.create_temp = frozen_create
+        try:
+            for i in range(4):
+                s.put(bytes([i]) * 16, b"x" * 50_000)
+            t0 = time.monotonic()
+            n = s.flush()
+            assert time.monotonic() - t0 < 0.5
+            assert n == 8  # two copies each, handed over
+            assert not s.drain(timeout=0.2)  # the shared copies are still waiting for the file system
+            assert s.lookup([bytes([i]) * 16 for i in range(4)]) == 4  # served from memory meanwhile
+        finally:
+            gate.set()
+            shared.create_temp = real_create
+        assert s.drain(timeout=10)
+        assert all(shared.contains(bytes([i]) * 16) for i in range(4))
