@@ -268,3 +268,34 @@ def test_a_copy_that_wins_waits_for_the_read_into_its_target():
         winner = opens[0].read if target_read_ok else opens[1].read
         loser = opens[1].read if target_read_ok else opens[0].read
         assert Deliver(winner, 0) in acts and Release(loser) in acts and step.done
+
+
+def test_a_steal_that_cannot_land_first_is_declined():
+    """Two tiers of measured bandwidth: an idle fast tier steals the slow tier's read (it lands first); an
+    idle tier as slow as the owner does not steal a read the owner is about to finish."""
+    def step_with(bw):
+        sched = MeetInTheMiddle(batch=1).schedule([{0, 1}] * 2, 2)
+        return ReadStep(sched, [4 << 20] * 2, [4 << 20, 4 << 20], bandwidth=bw)
+
+    # equal tiers: each claims one chunk; when tier 0's lands, stealing tier 1's read (started at 0, 4 ms left
+    # of 4 ms) would take tier 0 as long: declined
+    step = step_with([1e9, 1e9])
+    opens = {o.tier: o for o in step.start(0.0) if isinstance(o, Open)}
+    for o in opens.values():
+        step.opened(o.read, 0.0, 4 << 20)
+    acts = step.landed(opens[0].read, 0.0041)
+    assert not any(isinstance(a, Open) for a in acts) and step.steals_declined >= 1
+    # a slow owner: tier 1 at 0.1 GB/s has 42 ms left, tier 0 at 1 GB/s needs 4 ms: the steal pays
+    step = step_with([1e9, 1e8])
+    opens = {o.tier: o for o in step.start(0.0) if isinstance(o, Open)}
+    for o in opens.values():
+        step.opened(o.read, 0.0, 4 << 20)
+    acts = step.landed(opens[0].read, 0.0041)
+    stolen = [a for a in acts if isinstance(a, Open)]
+    assert len(stolen) == 1 and stolen[0].tier == 0 and stolen[0].chunk == opens[1].chunk
+    # unmeasured tiers (no bandwidth yet): every steal is allowed, as before
+    step = step_with([None, None])
+    opens = {o.tier: o for o in step.start(0.0) if isinstance(o, Open)}
+    for o in opens.values():
+        step.opened(o.read, 0.0, 4 << 20)
+    assert any(isinstance(a, Open) for a in step.landed(opens[0].read, 0.0041))

@@ -44,7 +44,7 @@ second; a tier is only ever given chunks it holds.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 
 __all__ = [
@@ -94,6 +94,9 @@ class ReadSchedule(ABC):
     """
 
     steal: bool = False
+    # The driver's veto on a steal (tier, chunk) -> bool: a copy is worth reading only if it can land before the
+    # one in flight (kvstream.read_step sets it from measured bandwidths). None: every steal is allowed.
+    steal_filter: Callable[[int, int], bool] | None = None
 
     def __init__(self, holders: Sequence[Collection[int]], n_tiers: int) -> None:
         if n_tiers < 1:
@@ -304,6 +307,7 @@ class _MitmSchedule(ReadSchedule):
             if t != tier
             for i in self._inflight[t]
             if not self._done[i] and self._copies[i] < 2 and tier in self._holders[i] and tier not in self._failed_by[i]
+            and (self.steal_filter is None or self.steal_filter(tier, i))
         ]
         cands.sort(key=lambda i: abs(self._pos[i] - home))
         out = cands[: self.batch]

@@ -286,6 +286,24 @@ class DirectoryTier:
             return None
         return fd, size
 
+    def open_ahead(self, key: bytes) -> tuple[int, int] | None:
+        """Like :meth:`open_for_read` for a read that may never be issued (opened early, off the I/O path):
+        None on any failure, counting nothing; the read proper then opens the file itself and reports."""
+        size = self.index.get(key)
+        if size is None:
+            return None
+        try:
+            fd = os.open(self.path_for(key), self._open_flags_read | os.O_NONBLOCK)
+        except OSError:
+            return None
+        try:
+            if stat.S_ISREG(os.fstat(fd).st_mode):
+                return fd, size
+        except OSError:
+            pass
+        os.close(fd)
+        return None
+
     def _not_a_file(self, key: bytes) -> bool:
         """True (and the entry quarantined) if something other than a regular file sits at the chunk's path."""
         try:
