@@ -14,10 +14,8 @@ replica; a tier that keeps failing is taken out of routing by its circuit breake
 
 Write path: ``put`` copies the payload into a pooled, aligned buffer that becomes a dirty host-memory entry
 (hits on it are served at once); ``flush`` — called at the step boundary, once the next forward pass has
-started — asks the replication policy which tiers get a copy and submits the writes to those tiers' write
-rings, separate from the read rings. A write is published atomically (temporary file, then link); the entry
-becomes evictable once every copy is written or has failed. A copy that cannot be written (disk full after
-eviction, EIO) is skipped and counted, never retried forever, and never blocks the caller.
+started — hands the copies to :mod:`kvstream.writer` (replication policy, per-tier writer threads, separate
+write rings, atomic publish). A copy that cannot be written is skipped and counted, never blocks the caller.
 
 Threading: any thread may call the API. Metadata is guarded by ``_lock``; waits on I/O hold no lock. Reads:
 see :mod:`kvstream.reader`. Write completions are handed to the publisher thread, so a slow publish never
@@ -31,7 +29,6 @@ import os
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -48,13 +45,14 @@ from kvstream.format import (
     write_header,
 )
 from kvstream.health import CircuitBreaker
-from kvstream.io.buffers import AlignedBuffer, CallerBuffer
-from kvstream.io.engine import IOEngine, IOOp, OpKind, make_engine
-from kvstream.replication import CopyOrder, ReadObservation, WriteIntent, parse_replication
+from kvstream.io.buffers import CallerBuffer
+from kvstream.io.engine import IOEngine, make_engine
+from kvstream.replication import CopyOrder, ReadObservation, parse_replication
 from kvstream.read_windows import make_read_windows
 from kvstream.routing import parse_router
 from kvstream.read_step import ReadStep
 from kvstream.reader import Reader
+from kvstream.writer import Writer
 from kvstream.tiers.files import DirectoryTier
 from kvstream.tiers.memory import HostMemoryTier, MemEntry
 
@@ -91,12 +89,6 @@ class ReadIntoResult:
     meta: ChunkMeta | None = None
     busy: bool = False
     reason: str = ""  # why not ok: absent, unreadable, target_too_small, stalled
-
-
-@dataclass(eq=False, slots=True)
-class _PendingWrite:
-    entry: MemEntry
-    tiers: frozenset[int] | None  # None: ask the replication policy at flush
 
 
 def _as_bytes_view(payload: Any) -> tuple[memoryview, ChunkMeta | None]:
@@ -141,18 +133,7 @@ class Store:
         self.read_windows = make_read_windows(config.read_windows, [t.cfg.read_inflight_bytes for t in self.tiers],
                                               min_bytes=config.chunk_bytes or 0)
         self._lock = threading.RLock()
-        self._pending: list[_PendingWrite] = []
-        self._writes_inflight = 0
-        self._write_backlog = [0] * len(self.tiers)  # bytes submitted to each tier's write ring, not finished
-        self._backlog_limit = [t.cfg.write_backlog_bytes if t.cfg.write_backlog_bytes is not None
-                               else config.memory_bytes // 2 for t in self.tiers]
         self.put_wait_s = 1.0  # longest a put waits for host memory held by unwritten chunks before dropping
-        self._writes_cv = threading.Condition(threading.Lock())
-        self._publisher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kvs-publish")
-        # One writer thread per tier starts its writes (room, temporary file): flush() never waits for a slow or
-        # frozen file system, and one tier's never holds up another's.
-        self._writers = [ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"kvs-write-{t.name}")
-                         for t in self.tiers]
         self._closed = False
         self._c: dict[str, float] = {
             "puts": 0, "put_bytes": 0, "put_file_bytes": 0, "puts_duplicate": 0, "puts_dropped_no_memory": 0,
@@ -165,6 +146,7 @@ class Store:
         self._metas: dict[bytes, tuple[ChunkMeta, int]] = {}
         self._meta_intern: dict[ChunkMeta, ChunkMeta] = {}  # one ChunkMeta object per distinct shape
         self._reader = Reader(self)
+        self._writer = Writer(self)
 
     # -- lifecycle ------------------------------------------------------------------------------------------
     def __enter__(self) -> "Store":
@@ -180,9 +162,7 @@ class Store:
         self.flush()
         self.drain()
         self._closed = True
-        for w in self._writers:
-            w.shutdown(wait=True)
-        self._publisher.shutdown(wait=True)
+        self._writer.close()
         self._reader.close()
         for t in self.tiers:
             t.close()
@@ -261,17 +241,7 @@ class Store:
             # Host memory is all dirty: push what is buffered and wait for the first buffer to come free (not
             # for every write: a slow tier's queue would stall the serving loop), then give up and drop.
             self.flush()
-            got: list[AlignedBuffer] = []
-
-            def freed() -> bool:
-                b = self.memory.allocate(fsize)
-                if b is not None:
-                    got.append(b)
-                return b is not None
-
-            with self._writes_cv:
-                self._writes_cv.wait_for(freed, timeout=self.put_wait_s)
-            buf = got[0] if got else None
+            buf = self._writer.wait_for_buffer(fsize, self.put_wait_s)
             if buf is None:
                 self._c["puts_dropped_no_memory"] += 1
                 log.warning("put dropped: host memory (%d B) is full of unwritten chunks", self.config.memory_bytes)
@@ -294,171 +264,19 @@ class Store:
             if self.memory.insert(entry, dirty=True) is not entry:  # another thread put it first
                 self._c["puts_duplicate"] += 1
                 return False
-            self._pending.append(_PendingWrite(entry=entry, tiers=target))
+            self._writer.enqueue(entry, target)
             self._c["puts"] += 1
             self._c["put_bytes"] += n
             self._c["put_file_bytes"] += fsize
         return True
 
     def flush(self) -> int:
-        """Hand every buffered put to the write rings (the step boundary). Returns writes submitted."""
-        with self._lock:
-            pending, self._pending = self._pending, []
-            self._c["flushes"] += 1
-        now = time.monotonic()
-        submitted = 0
-        for pw in pending:
-            entry = pw.entry
-            if entry.removed:
-                self.memory.mark_clean(entry)
-                continue
-            targets = pw.tiers
-            if targets is None:
-                targets = self.replication.targets(
-                    WriteIntent(key=entry.key, nbytes=entry.header.payload_len, position=entry.position),
-                    len(self.tiers))
-            copies = sum(1 for t in self.tiers if t.contains(entry.key))
-            for t in sorted(targets):  # tier order: the first (fastest) tier takes the copy that is never skipped
-                tier = self.tiers[t]
-                if tier.contains(entry.key):
-                    continue
-                if not self._usable(t, now):
-                    tier.counters.write_skipped_unhealthy += 1
-                    continue
-                if copies and self._write_backlog[t] >= self._backlog_limit[t]:
-                    tier.counters.write_skipped_backlog += 1
-                    continue
-                if self._submit_write(tier, entry):
-                    submitted += 1
-                    copies += 1
-            self.memory.mark_clean(entry)  # the put's own dirty mark; per-write marks were added above
-        return submitted
-
-    def _submit_write(self, tier: DirectoryTier, entry: MemEntry, attempt: int = 0) -> bool:
-        """Hand one copy of ``entry`` to ``tier``'s writer thread. Returns at once: the entry is dirty (kept in
-        host memory) and counted in flight from here, and everything that can block on the file system (making
-        room by eviction, creating the temporary file) happens on the writer thread, never on the caller's."""
-        fsize = entry.file_size
-        self.memory.mark_dirty(entry)
-        with self._writes_cv:
-            self._writes_inflight += 1
-            self._write_backlog[tier.position] += fsize
-        try:
-            self._writers[tier.position].submit(self._start_write, tier, entry, attempt)
-        except RuntimeError:  # closing: the writer threads are gone
-            self._start_write(tier, entry, attempt)
-        return True
-
-    def _start_write(self, tier: DirectoryTier, entry: MemEntry, attempt: int) -> None:
-        """On the tier's writer thread: reserve room, create the temporary file, submit the write."""
-        fsize = entry.file_size
-        try:
-            if not tier.reserve(fsize):
-                tier.counters.write_skipped_full += 1
-                self._write_not_started(tier, entry, fsize)
-                return
-            try:
-                fd, tmp = tier.create_temp(entry.key)
-            except OSError as exc:
-                tier.unreserve(fsize)
-                self._write_failed(tier, -(exc.errno or 5))
-                self._write_not_started(tier, entry, fsize)
-                return
-        except Exception:  # a writer thread must answer for every copy it was given
-            log.exception("tier %s: starting a write failed", tier.name)
-            self._write_not_started(tier, entry, fsize)
-            return
-        op = IOOp(kind=OpKind.WRITE, fd=fd, buf=entry.buf, length=fsize, offset=0,
-                  callback=self._on_write_done, tag=(tier, entry, tmp, attempt))
-        try:
-            tier.write_ring.submit([op])
-        except StoreClosedError:
-            os.close(fd)
-            self._finish_write(tier, entry, tmp, fsize, ok=False, err=-5)
-
-    def _write_not_started(self, tier: DirectoryTier, entry: MemEntry, fsize: int) -> None:
-        self.memory.mark_clean(entry)
-        with self._writes_cv:
-            self._writes_inflight -= 1
-            self._write_backlog[tier.position] -= fsize
-            self._writes_cv.notify_all()
-
-    def _on_write_done(self, op: IOOp) -> None:
-        # Ring thread: hand the slow part (fsync, link, index append) to the publisher.
-        try:
-            self._publisher.submit(self._publish, op)
-        except RuntimeError:  # publisher shut down (closing): publish inline
-            self._publish(op)
-
-    def _publish(self, op: IOOp) -> None:
-        tier, entry, tmp, attempt = op.tag
-        fsize = op.length
-        ok = op.result == fsize
-        err = op.result if op.result < 0 else -5
-        try:
-            if ok and tier.cfg.fsync:
-                os.fsync(op.fd)
-        except OSError as exc:
-            ok, err = False, -(exc.errno or 5)
-        finally:
-            os.close(op.fd)
-        self._finish_write(tier, entry, tmp, fsize, ok=ok, err=err, attempt=attempt)
-
-    def _finish_write(self, tier: DirectoryTier, entry: MemEntry, tmp: str, fsize: int, *, ok: bool, err: int,
-                      attempt: int = 0) -> None:
-        try:
-            if ok and entry.removed:  # removed while in flight: not a failure, just don't publish
-                try:
-                    os.unlink(tmp)
-                except FileNotFoundError:
-                    pass
-                tier.unreserve(fsize)
-                return
-            if ok:
-                try:
-                    tier.publish(entry.key, tmp, fsize)
-                    tier.counters.write_bytes += fsize
-                    tier.counters.write_chunks += 1
-                    self.health[tier.position].on_success()
-                except OSError as exc:
-                    ok, err = False, -(exc.errno or 5)
-                if ok and entry.removed:  # remove() raced with the publish above; its tier drop may have missed it
-                    tier.drop(entry.key)
-            if not ok:
-                try:
-                    os.unlink(tmp)
-                except FileNotFoundError:
-                    pass
-                tier.unreserve(fsize)
-                # Disk fuller than our share says (other users): evict this tier's own chunks and retry once,
-                # asynchronously (the entry stays dirty until the retry is done); else skip the copy, counted.
-                if -err in (_ENOSPC, _EDQUOT) and attempt == 0 and not self._closed and tier.make_room(fsize):
-                    tier.counters.write_retried_nospace += 1
-                    self._submit_write(tier, entry, attempt=1)  # a second failure is counted there
-                else:
-                    self._write_failed(tier, err)
-        finally:
-            self.memory.mark_clean(entry)
-            with self._writes_cv:
-                self._writes_inflight -= 1
-                self._write_backlog[tier.position] -= fsize
-                self._writes_cv.notify_all()
-
-    def _write_failed(self, tier: DirectoryTier, err: int) -> None:
-        if -err in (_ENOSPC, _EDQUOT):
-            tier.counters.write_skipped_full += 1
-            # The file system is fuller than our capacity says (other users): shrink our share a little.
-            tier.reserve(0)
-        else:
-            tier.counters.write_errors += 1
-            if -err not in (_EMFILE, _ENFILE):
-                self.health[tier.position].on_failure(time.monotonic())
-        log.warning("tier %s: write failed (%s); copy skipped", tier.name, os.strerror(-err) if err < 0 else err)
+        """Hand every buffered put to the tiers' writers (the step boundary). Returns copies handed over."""
+        return self._writer.flush()
 
     def drain(self, timeout: float | None = None) -> bool:
         """Wait until every submitted write has been published or has failed."""
-        with self._writes_cv:
-            return self._writes_cv.wait_for(lambda: self._writes_inflight == 0, timeout)
+        return self._writer.drain(timeout)
 
     # -- reads ----------------------------------------------------------------------------------------------
     def get_many(self, keys: Sequence[bytes]) -> list[memoryview | None]:
@@ -678,7 +496,7 @@ class Store:
                 if e is None:
                     continue  # not kept in memory (overflow read): the copy waits for the next reuse
                 self.memory.mark_dirty(e)
-                self._pending.append(_PendingWrite(entry=e, tiers=frozenset(ts)))
+                self._writer.enqueue(e, frozenset(ts))
                 self._c["copies_ordered"] += len(ts)
 
     # -- administration -------------------------------------------------------------------------------------
@@ -693,13 +511,11 @@ class Store:
             found = entry is not None
             if entry is not None:
                 entry.removed = True  # before the tier drops below: see _finish_write's re-check
-            cancelled = [pw for pw in self._pending if pw.entry.key == key]
-            if cancelled:
-                self._pending = [pw for pw in self._pending if pw.entry.key != key]
+            cancelled = self._writer.cancel(key)
             self.memory.discard(key)
             self._metas.pop(key, None)
-            for pw in cancelled:
-                self.memory.mark_clean(pw.entry)  # the put's own dirty mark, never taken by flush()
+            for e in cancelled:
+                self.memory.mark_clean(e)  # the put's own dirty mark, never taken by flush()
         for t in self.tiers:
             if t.contains(key):
                 found = True
@@ -734,7 +550,7 @@ class Store:
                 "write_bytes": c.write_bytes, "write_chunks": c.write_chunks, "write_errors": c.write_errors,
                 "write_skipped_full": c.write_skipped_full,
                 "write_skipped_unhealthy": c.write_skipped_unhealthy,
-                "write_skipped_backlog": c.write_skipped_backlog, "write_backlog_bytes": self._write_backlog[t.position], "already_present": c.already_present,
+                "write_skipped_backlog": c.write_skipped_backlog, "write_backlog_bytes": self._writer.backlog(t.position), "already_present": c.already_present,
                 "write_retried_nospace": c.write_retried_nospace,
                 "evicted_chunks": c.evicted_chunks, "evicted_bytes": c.evicted_bytes,
                 "read_latency_p50_s": lat[len(lat) // 2] if lat else None,

@@ -1,0 +1,261 @@
+"""The store's write side: buffered puts become deferred, replicated, atomically published copies.
+
+``Store.put`` fills a pooled buffer and inserts a dirty host-memory entry; this module takes it from there.
+``flush`` (the step boundary) asks the replication policy which tiers get a copy and hands each copy to that
+tier's writer thread, which makes room (eviction), creates the temporary file and submits the write to the
+tier's write ring (separate from its read ring); the completion is handed to the publisher thread (fsync, link,
+index record), so a slow publish never delays the reaping of reads, and a frozen file system never holds the
+caller. An entry stays dirty (never evicted: it may be the only copy) until every copy is written or has failed.
+A copy that cannot be written (disk full after eviction and one retry, EIO) is skipped and counted, never
+retried forever; a *second* copy is skipped while its tier's unfinished writes exceed ``write_backlog_bytes``.
+
+Locks: the store's ``_lock`` guards the pending list together with host-memory inserts and removes;
+``_writes_cv`` the in-flight counts.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from kvstream.errors import StoreClosedError
+from kvstream.io.buffers import AlignedBuffer
+from kvstream.io.engine import IOOp, OpKind
+from kvstream.replication import WriteIntent
+from kvstream.tiers.files import DirectoryTier
+from kvstream.tiers.memory import MemEntry
+
+if TYPE_CHECKING:
+    from kvstream.store import Store
+
+__all__ = ["Writer"]
+
+log = logging.getLogger("kvstream.store")
+_ENOSPC, _EDQUOT = 28, 122
+_ENFILE, _EMFILE = 23, 24  # this process (or the system) is out of file descriptors: not the tier's fault
+
+
+@dataclass(eq=False, slots=True)
+class _PendingWrite:
+    entry: MemEntry
+    tiers: frozenset[int] | None  # None: ask the replication policy at flush
+
+
+class Writer:
+    """The write side of one :class:`~kvstream.store.Store` (see the module docstring)."""
+
+    def __init__(self, store: "Store") -> None:
+        self.store = store
+        n = len(store.tiers)
+        self._pending: list[_PendingWrite] = []  # guarded by store._lock
+        self._writes_inflight = 0
+        self._write_backlog = [0] * n  # bytes handed to each tier's writer and not finished
+        self._backlog_limit = [t.cfg.write_backlog_bytes if t.cfg.write_backlog_bytes is not None
+                               else store.config.memory_bytes // 2 for t in store.tiers]
+        self._writes_cv = threading.Condition(threading.Lock())
+        self._publisher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kvs-publish")
+        # One writer thread per tier starts its writes (room, temporary file): flush() never waits for a slow or
+        # frozen file system, and one tier's never holds up another's.
+        self._writers = [ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"kvs-write-{t.name}")
+                         for t in store.tiers]
+
+    def close(self) -> None:
+        """After :meth:`drain`: let the writer and publisher threads end."""
+        for w in self._writers:
+            w.shutdown(wait=True)
+        self._publisher.shutdown(wait=True)
+
+    def backlog(self, t: int) -> int:
+        return self._write_backlog[t]
+
+    # -- pending copies (callers hold store._lock) -----------------------------------------------------------
+    def enqueue(self, entry: MemEntry, tiers: frozenset[int] | None) -> None:
+        """A dirty entry waits for the next flush (``tiers``: the tiers to copy to; None: the policy's)."""
+        self._pending.append(_PendingWrite(entry=entry, tiers=tiers))
+
+    def cancel(self, key: bytes) -> list[MemEntry]:
+        """Drop ``key``'s pending copies; returns their entries (each still holds the put's dirty mark)."""
+        cancelled = [pw.entry for pw in self._pending if pw.entry.key == key]
+        if cancelled:
+            self._pending = [pw for pw in self._pending if pw.entry.key != key]
+        return cancelled
+
+    def wait_for_buffer(self, nbytes: int, timeout: float) -> AlignedBuffer | None:
+        """Wait (at most ``timeout``) for host memory held by unwritten chunks to free a buffer of ``nbytes``."""
+        got: list[AlignedBuffer] = []
+
+        def freed() -> bool:
+            b = self.store.memory.allocate(nbytes)
+            if b is not None:
+                got.append(b)
+            return b is not None
+
+        with self._writes_cv:
+            self._writes_cv.wait_for(freed, timeout=timeout)
+        return got[0] if got else None
+
+    def flush(self) -> int:
+        """Hand every buffered put to the tiers' writer threads (the step boundary). Returns copies handed over."""
+        with self.store._lock:
+            pending, self._pending = self._pending, []
+            self.store._c["flushes"] += 1
+        now = time.monotonic()
+        submitted = 0
+        for pw in pending:
+            entry = pw.entry
+            if entry.removed:
+                self.store.memory.mark_clean(entry)
+                continue
+            targets = pw.tiers
+            if targets is None:
+                targets = self.store.replication.targets(
+                    WriteIntent(key=entry.key, nbytes=entry.header.payload_len, position=entry.position),
+                    len(self.store.tiers))
+            copies = sum(1 for t in self.store.tiers if t.contains(entry.key))
+            for t in sorted(targets):  # tier order: the first (fastest) tier takes the copy that is never skipped
+                tier = self.store.tiers[t]
+                if tier.contains(entry.key):
+                    continue
+                if not self.store._usable(t, now):
+                    tier.counters.write_skipped_unhealthy += 1
+                    continue
+                if copies and self._write_backlog[t] >= self._backlog_limit[t]:
+                    tier.counters.write_skipped_backlog += 1
+                    continue
+                if self._submit_write(tier, entry):
+                    submitted += 1
+                    copies += 1
+            self.store.memory.mark_clean(entry)  # the put's own dirty mark; per-write marks were added above
+        return submitted
+
+    def _submit_write(self, tier: DirectoryTier, entry: MemEntry, attempt: int = 0) -> bool:
+        """Hand one copy of ``entry`` to ``tier``'s writer thread. Returns at once: the entry is dirty (kept in
+        host memory) and counted in flight from here, and everything that can block on the file system (making
+        room by eviction, creating the temporary file) happens on the writer thread, never on the caller's."""
+        fsize = entry.file_size
+        self.store.memory.mark_dirty(entry)
+        with self._writes_cv:
+            self._writes_inflight += 1
+            self._write_backlog[tier.position] += fsize
+        try:
+            self._writers[tier.position].submit(self._start_write, tier, entry, attempt)
+        except RuntimeError:  # closing: the writer threads are gone
+            self._start_write(tier, entry, attempt)
+        return True
+
+    def _start_write(self, tier: DirectoryTier, entry: MemEntry, attempt: int) -> None:
+        """On the tier's writer thread: reserve room, create the temporary file, submit the write."""
+        fsize = entry.file_size
+        try:
+            if not tier.reserve(fsize):
+                tier.counters.write_skipped_full += 1
+                self._write_not_started(tier, entry, fsize)
+                return
+            try:
+                fd, tmp = tier.create_temp(entry.key)
+            except OSError as exc:
+                tier.unreserve(fsize)
+                self._write_failed(tier, -(exc.errno or 5))
+                self._write_not_started(tier, entry, fsize)
+                return
+        except Exception:  # a writer thread must answer for every copy it was given
+            log.exception("tier %s: starting a write failed", tier.name)
+            self._write_not_started(tier, entry, fsize)
+            return
+        op = IOOp(kind=OpKind.WRITE, fd=fd, buf=entry.buf, length=fsize, offset=0,
+                  callback=self._on_write_done, tag=(tier, entry, tmp, attempt))
+        try:
+            tier.write_ring.submit([op])
+        except StoreClosedError:
+            os.close(fd)
+            self._finish_write(tier, entry, tmp, fsize, ok=False, err=-5)
+
+    def _write_not_started(self, tier: DirectoryTier, entry: MemEntry, fsize: int) -> None:
+        self.store.memory.mark_clean(entry)
+        with self._writes_cv:
+            self._writes_inflight -= 1
+            self._write_backlog[tier.position] -= fsize
+            self._writes_cv.notify_all()
+
+    def _on_write_done(self, op: IOOp) -> None:
+        # Ring thread: hand the slow part (fsync, link, index append) to the publisher.
+        try:
+            self._publisher.submit(self._publish, op)
+        except RuntimeError:  # publisher shut down (closing): publish inline
+            self._publish(op)
+
+    def _publish(self, op: IOOp) -> None:
+        tier, entry, tmp, attempt = op.tag
+        fsize = op.length
+        ok = op.result == fsize
+        err = op.result if op.result < 0 else -5
+        try:
+            if ok and tier.cfg.fsync:
+                os.fsync(op.fd)
+        except OSError as exc:
+            ok, err = False, -(exc.errno or 5)
+        finally:
+            os.close(op.fd)
+        self._finish_write(tier, entry, tmp, fsize, ok=ok, err=err, attempt=attempt)
+
+    def _finish_write(self, tier: DirectoryTier, entry: MemEntry, tmp: str, fsize: int, *, ok: bool, err: int,
+                      attempt: int = 0) -> None:
+        try:
+            if ok and entry.removed:  # removed while in flight: not a failure, just don't publish
+                try:
+                    os.unlink(tmp)
+                except FileNotFoundError:
+                    pass
+                tier.unreserve(fsize)
+                return
+            if ok:
+                try:
+                    tier.publish(entry.key, tmp, fsize)
+                    tier.counters.write_bytes += fsize
+                    tier.counters.write_chunks += 1
+                    self.store.health[tier.position].on_success()
+                except OSError as exc:
+                    ok, err = False, -(exc.errno or 5)
+                if ok and entry.removed:  # remove() raced with the publish above; its tier drop may have missed it
+                    tier.drop(entry.key)
+            if not ok:
+                try:
+                    os.unlink(tmp)
+                except FileNotFoundError:
+                    pass
+                tier.unreserve(fsize)
+                # Disk fuller than our share says (other users): evict this tier's own chunks and retry once,
+                # asynchronously (the entry stays dirty until the retry is done); else skip the copy, counted.
+                if -err in (_ENOSPC, _EDQUOT) and attempt == 0 and not self.store._closed and tier.make_room(fsize):
+                    tier.counters.write_retried_nospace += 1
+                    self._submit_write(tier, entry, attempt=1)  # a second failure is counted there
+                else:
+                    self._write_failed(tier, err)
+        finally:
+            self.store.memory.mark_clean(entry)
+            with self._writes_cv:
+                self._writes_inflight -= 1
+                self._write_backlog[tier.position] -= fsize
+                self._writes_cv.notify_all()
+
+    def _write_failed(self, tier: DirectoryTier, err: int) -> None:
+        if -err in (_ENOSPC, _EDQUOT):
+            tier.counters.write_skipped_full += 1
+            # The file system is fuller than our capacity says (other users): shrink our share a little.
+            tier.reserve(0)
+        else:
+            tier.counters.write_errors += 1
+            if -err not in (_EMFILE, _ENFILE):
+                self.store.health[tier.position].on_failure(time.monotonic())
+        log.warning("tier %s: write failed (%s); copy skipped", tier.name, os.strerror(-err) if err < 0 else err)
+
+    def drain(self, timeout: float | None = None) -> bool:
+        """Wait until every submitted write has been published or has failed."""
+        with self._writes_cv:
+            return self._writes_cv.wait_for(lambda: self._writes_inflight == 0, timeout)
+
