@@ -124,7 +124,9 @@ class ReadStepModel(RuleBasedStateMachine):
     @precondition(lambda self: self.inflight)
     @rule(data=st.data())
     def land(self, data):
-        rid = data.draw(st.sampled_from(sorted(self.inflight)))
+        self._land(data.draw(st.sampled_from(sorted(self.inflight))))
+
+    def _land(self, rid):
         o = self.inflight.pop(rid)
         if self.in_place_inflight.get(o.chunk) == rid:
             del self.in_place_inflight[o.chunk]
@@ -185,14 +187,7 @@ class ReadStepModel(RuleBasedStateMachine):
                 self.held.add(rid)
                 self.apply(self.step.opened(rid, self.now, self.sizes[o.chunk]))
             elif self.inflight:
-                rid = min(self.inflight)
-                o = self.inflight.pop(rid)
-                if self.in_place_inflight.get(o.chunk) == rid:
-                    del self.in_place_inflight[o.chunk]
-                acts = self.step.landed(rid, self.now)
-                if self.step.reads[rid].state is ReadState.LANDED:
-                    self.landed[rid] = o
-                self.apply(acts)
+                self._land(min(self.inflight))
             elif self.landed and not self.step.closed:
                 rid = min(self.landed)
                 del self.landed[rid]
