@@ -241,3 +241,113 @@ def test_busy_target_stays_alive_until_its_read_ends(disk_tmp):
     finally:
         engine.release_stalls()
         s.close()
+
+
+def _slow_opens(tier, seconds_for):
+    """Emulated slow metadata on ``tier``: each open waits ``seconds_for(key)``; nothing is opened ahead."""
+    real = tier.open_for_read
+
+    def slow(key):
+        time.sleep(seconds_for(key))
+        return real(key)
+
+    tier.open_for_read = slow
+    tier.open_ahead = lambda key: None
+
+
+def test_a_target_reported_ok_is_never_written_again(disk_tmp):
+    """Found by adversarial testing: chunk A was copied in from the shared tier and reported ok while the local
+    tier's open of A was still running; when that open returned, a read in place went into A's target, which
+    the caller already owned again. A read opened after its chunk was delivered is now dropped unissued."""
+    cfg = cfg_for(disk_tmp, hedge_after_s=0.05)
+    a, b = keys_for(2, seed=11)
+    with kvstream.open_store(cfg) as s:
+        put_all(s, [a])
+        s.put(b, payload(b), meta=ChunkMeta(dtype="uint8", shape=(CHUNK,), fmt="raw"), tiers=["shared"])
+        s.flush()
+        s.drain()
+    with kvstream.open_store(cfg) as s:
+        _slow_opens(s.tiers[0], lambda k: 0.3)
+        _slow_opens(s.tiers[1], lambda k: 1.0 if k == b else 0.0)
+        bufs = [AlignedBuffer(round_up(CHUNK)) for _ in range(2)]
+        targets = [x.view() for x in bufs]
+        for i, r in s.read_into([a, b], targets):
+            assert r.ok
+            if i == 0:
+                assert bytes(targets[0][:CHUNK]) == payload(a)
+                targets[0][:] = b"\xee" * len(targets[0])  # the caller owns it again and reuses it
+        time.sleep(0.1)
+        assert bytes(targets[0]) == b"\xee" * len(targets[0]), "a target was written after it was reported"
+
+
+def test_stopping_early_releases_every_buffer(disk_tmp):
+    """Found by adversarial testing: a caller that stopped at a yield left the rest of that action list undone
+    (a waiting copy's Release), leaking a pooled buffer per call."""
+    from kvstream.io.engine import make_engine
+    from kvstream.io.faults import Fault, FaultPlan, FaultyEngine
+
+    cfg = cfg_for(disk_tmp, hedge_after_s=0.05)
+    keys = keys_for(8, seed=12)
+    with kvstream.open_store(cfg) as s:
+        put_all(s, keys)
+    plan = FaultPlan([Fault(kind="delay", rings="local-r", delay_s=0.4)], seed=1)
+    engine = FaultyEngine(make_engine("threads"), plan)
+    with kvstream.open_store(cfg, engine=engine) as s:
+        for _ in range(3):
+            s.evict_memory()
+            bufs = [AlignedBuffer(round_up(CHUNK)) for _ in keys]
+            gen = s.read_into(keys, [x.view() for x in bufs])
+            next(gen)
+            gen.close()
+        engine.release_stalls()
+        s.drain()
+        deadline = time.monotonic() + 3
+        while True:
+            s.evict_memory()
+            if s.memory.pool.in_use_bytes == 0 or time.monotonic() > deadline:
+                break
+            time.sleep(0.02)
+        assert s.memory.pool.in_use_bytes == 0
+
+
+def test_a_finished_steps_opens_do_not_hold_the_next_step(disk_tmp):
+    """Found by adversarial testing: 64 abandoned opens of a slow tier made the next step wait for all of them
+    (5 s for one chunk). Opens of reads no longer needed are skipped."""
+    cfg = cfg_for(disk_tmp)
+    keys = keys_for(64, seed=13)
+    with kvstream.open_store(cfg) as s:
+        put_all(s, keys)
+        solo = keys_for(1, seed=14)[0]
+        s.put(solo, payload(solo), meta=ChunkMeta(dtype="uint8", shape=(CHUNK,), fmt="raw"), tiers=["local"])
+        s.flush()
+        s.drain()
+    with kvstream.open_store(cfg) as s:
+        _slow_opens(s.tiers[0], lambda k: 0.3)
+        assert all(v is not None for v in s.get_many(keys))  # the shared tier reads them all
+        t0 = time.monotonic()
+        (v,) = s.get_many([solo])
+        took = time.monotonic() - t0
+        assert v is not None and bytes(v) == payload(solo)
+        assert took < 1.5, f"one chunk took {took:.2f} s behind a finished step's opens"
+
+
+def test_concurrent_removes_of_one_key_count_it_once(disk_tmp):
+    """Found by adversarial testing: two removes of one key both subtracted its size (used_bytes < 0)."""
+    with kvstream.open_store(cfg_for(disk_tmp)) as s:
+        keys = keys_for(60, seed=15)
+        put_all(s, keys)
+        s.evict_memory()
+        barrier = threading.Barrier(2)
+
+        def remover():
+            barrier.wait()
+            for k in keys:
+                s.remove(k)
+
+        ts = [threading.Thread(target=remover) for _ in range(2)]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join(30)
+        for name, t in s.stats()["tiers"].items():
+            assert (t["used_bytes"], t["chunks"]) == (0, 0), name

@@ -30,6 +30,7 @@ Chunk-read lifecycle (one read of one chunk on one tier)::
     OPENING      opened        IN_FLIGHT    Submit
     OPENING      open_failed   FAILED       (chunk back to its other holders, or Lost)
     OPENING      abandon       ABANDONED
+    OPENING      not needed    RELEASED     Release (the chunk was resolved before this read was issued)
     IN_FLIGHT    landed        LANDED       (its tier may claim more)
     IN_FLIGHT    abandon       ABANDONED    (Busy, for a stuck read into a target)
     LANDED       checked ok    DELIVERED    Deliver (first good copy, or the copy in the target)
@@ -42,6 +43,7 @@ Chunk-read lifecycle (one read of one chunk on one tier)::
     WAITING      abandon       RELEASED     Release
     ABANDONED    opened        RELEASED     Release (nobody reads it any more)
     ABANDONED    open_failed   RELEASED
+    ABANDONED    not needed    RELEASED     Release
     ABANDONED    landed        RELEASED     Release (a busy target is free from here)
     DELIVERED, DUPLICATE, FAILED, RELEASED: final.
 
@@ -99,12 +101,14 @@ class ChunkState(Enum):
 _R = ReadState
 # The lifecycle table: state -> {event: next state}. Anything not listed raises.
 _READ_TRANSITIONS: dict[ReadState, dict[str, ReadState]] = {
-    _R.OPENING: {"opened": _R.IN_FLIGHT, "open_failed": _R.FAILED, "abandon": _R.ABANDONED},
+    _R.OPENING: {"opened": _R.IN_FLIGHT, "open_failed": _R.FAILED, "abandon": _R.ABANDONED,
+                 "not_needed": _R.RELEASED},
     _R.IN_FLIGHT: {"landed": _R.LANDED, "abandon": _R.ABANDONED},
     _R.LANDED: {"deliver": _R.DELIVERED, "wait": _R.WAITING, "duplicate": _R.DUPLICATE, "fail": _R.FAILED,
                 "abandon": _R.RELEASED},
     _R.WAITING: {"deliver": _R.DELIVERED, "supersede": _R.DUPLICATE, "abandon": _R.RELEASED},
-    _R.ABANDONED: {"opened": _R.RELEASED, "open_failed": _R.RELEASED, "landed": _R.RELEASED},
+    _R.ABANDONED: {"opened": _R.RELEASED, "open_failed": _R.RELEASED, "landed": _R.RELEASED,
+                   "not_needed": _R.RELEASED},
     _R.DELIVERED: {}, _R.DUPLICATE: {}, _R.FAILED: {}, _R.RELEASED: {},
 }
 _C = ChunkState
@@ -228,6 +232,7 @@ class ReadStep:
         self.closed = False
         self.steals_declined = 0
         self._now = 0.0
+        self._last_tick = float("-inf")
         self.bandwidth = list(bandwidth) if bandwidth is not None else [None] * self.n_tiers
         if all(b for b in self.bandwidth):
             schedule.steal_filter = self._steal_pays
@@ -252,7 +257,10 @@ class ReadStep:
         if self.hedge_after_s is None:
             return None
         oldest = min((r.started for a in self._active for r in a.values()), default=None)
-        return None if oldest is None else oldest + self.hedge_after_s
+        if oldest is None:
+            return None
+        # Reads already stuck at the last tick wait for the next hedge period, not for every wake-up.
+        return max(oldest, self._last_tick) + self.hedge_after_s
 
     def in_place_pending(self) -> list[int]:
         """Reads into targets that are still opening or in flight (the driver must not return their targets)."""
@@ -277,6 +285,8 @@ class ReadStep:
             out.append(Release(rid, late=True))
             self._forget_in_place(r)
             return out
+        if self.chunks[r.chunk] is not _C.PENDING:  # delivered (or busy) while this file was opening
+            return self._drop_unissued(r, now)
         self._move(r, "opened")
         self._inflight_bytes[r.tier] += nbytes - r.nbytes
         r.nbytes = nbytes
@@ -286,6 +296,29 @@ class ReadStep:
             r.in_place = True
             self._in_place_read[r.chunk] = r
         out.append(Submit(rid, nbytes, r.in_place))
+        return out
+
+    def needed(self, rid: int) -> bool:
+        """Whether a read still opening is worth opening: its step is going on and its chunk unresolved. A driver
+        asks before an ``open()`` that may be slow (opens queue behind each other on a tier) and answers
+        :meth:`not_needed` when it is not."""
+        r = self._read(rid)
+        return r.state is _R.OPENING and not self.closed and self.chunks[r.chunk] is _C.PENDING
+
+    def not_needed(self, rid: int, now: float) -> list[Action]:
+        """The driver did not open the read's file (see :meth:`needed`)."""
+        r = self._read(rid)
+        if r.state is _R.ABANDONED:
+            self._move(r, "not_needed")
+            return [Release(rid, late=True)]
+        return self._drop_unissued(r, now)
+
+    def _drop_unissued(self, r: _Read, now: float) -> list[Action]:
+        self._move(r, "not_needed")
+        self._leave_window(r, now)
+        self.sched.on_dropped(r.tier, r.chunk)
+        out: list[Action] = [Release(r.rid)]
+        self._after_change(now, out)
         return out
 
     def open_failed(self, rid: int, now: float) -> list[Action]:
@@ -368,6 +401,7 @@ class ReadStep:
         out: list[Action] = []
         if self.hedge_after_s is None or self.closed:
             return out
+        self._last_tick = now
         for t in range(self.n_tiers):
             stuck = [r.chunk for r in self._active[t].values() if now - r.started > self.hedge_after_s]
             if not stuck:

@@ -171,9 +171,7 @@ class Reader:
                     with call.mu:
                         acts = step.tick(now, self._usable_tiers(now))
                     yield from self._carry_out(call, acts)
-                    deadline = None
-                    with call.mu:
-                        deadline = step.next_deadline()
+                    continue  # the tick may have resolved the step (busy targets): look again before waiting
                 wait = 0.5 if deadline is None else min(max(deadline - time.monotonic(), 0.0005), 0.5)
                 try:
                     tag = call.q.get(timeout=wait)
@@ -223,19 +221,23 @@ class Reader:
 
     # -- actions --------------------------------------------------------------------------------------------
     def _carry_out(self, call: _Call, acts: list[Any]) -> Iterator[ReadOutcome]:
-        """Carry out actions on the consumer's thread; yields what the step delivers."""
+        """Carry out actions on the consumer's thread; yields what the step delivers. Every action is carried
+        out before the first yield: a caller that stops at a yield must not leave a Release undone (its buffer
+        would never go back to the pool)."""
+        outcomes: list[ReadOutcome] = []
         for a in acts:
             if isinstance(a, Deliver):
                 out = self._deliver(call, call.tags[a.read])
                 if out is not None:
-                    yield out
+                    outcomes.append(out)
             elif isinstance(a, Busy):
                 self.store._c["read_into_abandoned"] += 1
-                yield ReadOutcome(a.chunk, "busy")
+                outcomes.append(ReadOutcome(a.chunk, "busy"))
             elif isinstance(a, Lost):
                 pass  # reported at the end, with those lost on other threads (step.chunks)
             else:
                 self._act(call, a)
+        yield from outcomes
 
     def _act(self, call: _Call, a: Any) -> None:
         """Actions any thread may carry out (the consumer's, an open thread, a ring thread)."""
@@ -313,8 +315,16 @@ class Reader:
                 call.opening_ahead[t] = False
 
     def _open(self, call: _Call, tag: _Tag) -> None:
-        """On the tier's open thread."""
+        """On the tier's open thread. A read whose chunk was resolved (or whose step ended) while it waited
+        behind the tier's other opens is not opened at all: a slow tier's queue of opens would otherwise hold
+        every later step's opens behind a finished step's."""
         tier = self.store.tiers[tag.tier]
+        with call.mu:
+            skip = not call.step.needed(tag.rid)
+            acts = call.step.not_needed(tag.rid, time.monotonic()) if skip else []
+        if skip:
+            self._act_elsewhere(call, acts)
+            return
         err: TierError | None = None
         got = None
         try:

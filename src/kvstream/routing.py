@@ -7,6 +7,7 @@ a small state machine the driver (the real engine or the simulator) runs with th
     sched.next_claim(t) -> [i, ...]          # tier t has room: chunks it should read next ([] = nothing now)
     sched.on_landed(t, i) -> bool            # tier t delivered chunk i; True = first copy (use it), False = duplicate
     sched.on_failed(t, i)                    # tier t could not deliver i (EIO, bad checksum): retry elsewhere
+    sched.on_dropped(t, i)                   # tier t's read of i was dropped unissued (i was delivered meanwhile)
     sched.hedge(t, stuck) -> [i, ...]        # a read is past its deadline elsewhere: may t read it too?
     sched.finished / sched.lost()            # every chunk landed or is unrecoverable
 
@@ -156,6 +157,11 @@ class ReadSchedule(ABC):
             self._retry.append(i)
         else:
             self._mark_lost(i)
+
+    def on_dropped(self, tier: int, i: int) -> None:
+        """Tier ``tier``'s read of chunk ``i`` was dropped before it was issued (the chunk was delivered
+        meanwhile): it no longer holds the chunk in flight, and nothing is counted."""
+        self._finish_inflight(tier, i)
 
     def hedge(self, tier: int, stuck: Collection[int]) -> list[int]:
         """Let ``tier`` read again chunks that are taking too long elsewhere (a stalled tier); returns those it

@@ -117,6 +117,7 @@ class DirectoryTier:
         for key, size in self.index.items():
             self.policy.on_insert(key, size)
         self._lock = threading.Lock()
+        self._dropping: set[bytes] = set()  # keys whose delete record is being logged (see drop)
         self._used = sum(size for _, size in self.index.items())
         self._reserved = 0
         self._made_dirs: set[str] = set()
@@ -337,16 +338,26 @@ class DirectoryTier:
                 self.policy.on_remove(key)
                 size = self.index.get(key) or 0
                 self._used -= size
+                self._dropping.add(key)
                 victims.append((key, size))
             fits = self._used + self._reserved + nbytes <= self.cfg.capacity_bytes
             if fits:
                 self._reserved += nbytes
+        self._evict(victims)
+        return fits
+
+    def _evict(self, victims: list[tuple[bytes, int]]) -> None:
+        """Unlink and log evicted chunks (already taken out of the policy and ``_used``, and in ``_dropping``
+        so a concurrent drop does not count them again)."""
         for key, size in victims:
-            self._delete_file(key)
-            self.index.record(OP_DEL, key)
+            try:
+                self._delete_file(key)
+                self.index.record(OP_DEL, key)
+            finally:
+                with self._lock:
+                    self._dropping.discard(key)
             self.counters.evicted_chunks += 1
             self.counters.evicted_bytes += size
-        return fits
 
     def make_room(self, nbytes: int) -> int:
         """Evict this tier's chunks (eviction policy order) until ``nbytes`` are freed, whatever the capacity
@@ -362,12 +373,9 @@ class DirectoryTier:
                 size = self.index.get(key) or 0
                 self._used -= size
                 freed += size
+                self._dropping.add(key)
                 victims.append((key, size))
-        for key, size in victims:
-            self._delete_file(key)
-            self.index.record(OP_DEL, key)
-            self.counters.evicted_chunks += 1
-            self.counters.evicted_bytes += size
+        self._evict(victims)
         return freed
 
     def unreserve(self, nbytes: int) -> None:
@@ -430,14 +438,26 @@ class DirectoryTier:
     def drop(self, key: bytes, *, unlink: bool = True) -> None:
         """Remove a key from this tier (its file too, unless it is already gone)."""
         with self._lock:
-            known = key in self.index
+            # The delete record is logged after the unlink (crash order), outside the lock: until it is, the key
+            # is still in the index, so a second drop of it (two removes, a remove racing a quarantine) must not
+            # count it again.
+            busy = key in self._dropping  # another thread is dropping it: that thread unlinks and logs
+            known = key in self.index and not busy
             if known:
+                self._dropping.add(key)
                 self.policy.on_remove(key)
                 self._used -= self.index.get(key) or 0
-        if unlink:
-            self._delete_file(key)
-        if known:
+        if not known:
+            if unlink and not busy:
+                self._delete_file(key)  # a file the index does not list (as before: drop means "gone")
+            return
+        try:
+            if unlink:
+                self._delete_file(key)
             self.index.record(OP_DEL, key)
+        finally:
+            with self._lock:
+                self._dropping.discard(key)
 
     def quarantine(self, key: bytes, reason: str) -> None:
         """Move a chunk that failed verification out of the way (kept for inspection) and forget it."""
