@@ -143,7 +143,8 @@ def test_every_choice_option_of_every_subcommand_names_value_and_choices(capsys:
             elif action.choices is not None:
                 bad, expect = BAD, [str(c) for c in action.choices]
             else:
-                bad, expect = BAD, [str(action.default)]  # the default is among the choices listed
+                # the default is among the choices listed (replay's set-up options default to the preset's)
+                bad, expect = BAD, [str(action.default) if action.default is not None else "choose from"]
             rc, out, err = _run([*path, action.option_strings[-1], bad], capsys)
             try:
                 _assert_one_line_error(rc, out, err, bad, *expect)
@@ -195,8 +196,11 @@ def test_help_has_no_markup_and_shows_defaults(capsys: pytest.CaptureFixture[str
             assert markup not in out, (path, markup)
     rc, out, _err = _run(["replay", "--help"], capsys)
     flat = " ".join(out.split())
-    for opt, default in (("--model", "qwen2.5-1.5b"), ("--gpu", "h100"), ("--tp", "1")):
-        assert re.search(rf"{opt} \S+ .*?\(default: {re.escape(default)}\)", flat), (opt, flat)
+    # the set-up options default to the preset's set-up, and say so
+    for opt, default in (("--model", "qwen2.5-14b with agent-long, qwen2.5-1.5b with the other presets"),
+                         ("--gpu", "a100 with agent-long, h100"), ("--tp", "2 with agent-long, 1")):
+        assert re.search(rf"{opt} \S+ .*?\(default: {re.escape(default)}", flat), (opt, flat)
+    assert "Why the default" in flat and "--preset agent-small" in flat  # the epilog says why, and the old default
 
 
 def test_plain_strips_rst() -> None:
@@ -251,7 +255,7 @@ def test_replay_without_matplotlib_writes_json_and_names_the_extra(disk_tmp: Pat
                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(_common, "have", lambda module: module != "matplotlib")
     out_dir = disk_tmp / "out"
-    rc = main(["replay", "--requests", "3", "--model", "qwen2.5-0.5b", "--memory", "32MiB", "--gpu-kv", "8MiB",
+    rc = main(["replay", "--preset", "agent-small", "--requests", "3", "--model", "qwen2.5-0.5b", "--memory", "32MiB", "--gpu-kv", "8MiB",
                "--tier-capacity", "256MiB", "--speed", "8", "--systems", "kvstream", "--out", str(out_dir)])
     out, err = capsys.readouterr()
     assert rc == 0

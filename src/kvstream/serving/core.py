@@ -112,7 +112,9 @@ class StartLoad:
     load_id: int
     items: tuple[tuple[int, tuple[Hashable, ...]], ...]  # (request id, chunk ids to bring into host memory)
     background: bool  # True: the GPU does not wait for it
-    metas: tuple[tuple[Hashable | None, int | None], ...] = ()  # per item: (session, previous answer tokens)
+    # per item: (session, previous answer tokens, turn within the session, prefix position of the item's first
+    # chunk); readers may use only the first two (the simulator's storage does)
+    metas: tuple[tuple[Hashable | None, int | None, int, int], ...] = ()
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -492,7 +494,12 @@ class ServingCore:
         self._loads[lid] = (step, reqs, now)
         step.pending_loads += 1
         out.append(StartLoad(load_id=lid, items=tuple(items), background=False,
-                             metas=tuple((r.req.session, r.req.prev_answer_tokens) for r in reqs)))
+                             metas=tuple(self._meta(r) for r in reqs)))
+
+    @staticmethod
+    def _meta(r: _Req) -> tuple[Hashable | None, int | None, int, int]:
+        """What a load tells the host-memory eviction policy about its item (see :class:`StartLoad`)."""
+        return (r.req.session, r.req.prev_answer_tokens, r.req.round_index, r.hbm_hit)
 
     def _check(self, rid: Hashable) -> Candidate:
         """The scheduler's query about an admission candidate: what its step would compute and read now."""
@@ -577,7 +584,7 @@ class ServingCore:
             self._loads[lid] = (None, [r], now)
             self._bg_inflight += 1
             out.append(StartLoad(load_id=lid, items=((r.rid, self._item(r)),), background=True,
-                                 metas=((r.req.session, r.req.prev_answer_tokens),)))
+                                 metas=(self._meta(r),)))
         return emptied
 
     def _start_compute(self, step: _Step, now: float, out: list[Action]) -> None:

@@ -18,6 +18,7 @@ the scheduling policy's serving order) after every event, as the simulator's dri
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import threading
 import time
@@ -115,7 +116,10 @@ class RealtimeBackend(ABC):
 
 
 class RealtimeDriver:
-    """Runs one core against a backend in real time. ``speed`` compresses the arrival times."""
+    """Runs one core against a backend in real time. ``speed`` compresses the arrival times: the requests are
+    re-timed once, up front (arrival / speed), so the core sees one time line: the arrival it is given, the
+    time it is delivered, TTFT, queueing time and the scheduler's waiting time (HRRN) all use the compressed
+    arrival (:attr:`requests` holds the re-timed requests)."""
 
     def __init__(self, core: ServingCore, backend: RealtimeBackend, requests: Sequence[Request], *,
                  clock: Clock | None = None, speed: float = 1.0, sample_every_s: float = 0.5,
@@ -123,7 +127,9 @@ class RealtimeDriver:
                  record: list[tuple[float, Event, tuple[Action, ...]]] | None = None) -> None:
         self.core = core
         self.backend = backend
-        self.requests = list(requests)
+        if speed <= 0 or speed != speed:
+            raise ValueError(f"speed must be a positive number, got {speed}")
+        self.requests = [r if speed == 1.0 else dataclasses.replace(r, arrival=r.arrival / speed) for r in requests]
         self.clock = clock or WallClock()
         self.speed = speed
         self.sample_every_s = sample_every_s
@@ -138,8 +144,13 @@ class RealtimeDriver:
 
     def post(self, ev: LoadDone) -> None:
         """Called by the backend (any thread) when a load has finished."""
-        t = self.clock.now()
         with self._lock:
+            # Stamped under the lock the driver reads its clock under (``_next_due``): a completion stamped
+            # before the driver's ``now`` is always in ``_posted`` when the driver looks, so no event is ever
+            # delivered with a time earlier than one already delivered (a stamp taken outside the lock could be
+            # pushed after a later arrival was handed over: that load's follow-up decisions then ran "before"
+            # the arrival, and the requests they started showed negative queueing times).
+            t = self.clock.now()
             self._seq += 1
             heapq.heappush(self._posted, (t, PRIO_IO, self._seq, ev))
         self.clock.wake()
@@ -167,11 +178,13 @@ class RealtimeDriver:
         if self._window:
             self.backend.set_window(self.core.window_sessions())
 
-    def _next_due(self, now: float, i: int) -> tuple[float, int, Event] | None:
-        """The earliest event due by ``now`` in ``(time, priority, seq)`` order, or None."""
+    def _next_due(self, i: int) -> tuple[float, tuple[float, int, Event] | None]:
+        """``(now, event)``: the clock, read under the posting lock, and the earliest event due by then in
+        ``(time, priority, seq)`` order, or None."""
         best: tuple[float, int, int] | None = None
         kind = ""
         with self._lock:
+            now = self.clock.now()
             if self._posted and self._posted[0][0] <= now:
                 best = self._posted[0][:3]
                 kind = "io"
@@ -180,23 +193,23 @@ class RealtimeDriver:
             if best is None or key < best:
                 best, kind = key, "step"
         if i < len(self.requests):
-            t = self.requests[i].arrival / self.speed
+            t = self.requests[i].arrival
             if t <= now:
                 key = (t, PRIO_ARRIVAL, 0)
                 if best is None or key < best:
                     best, kind = key, "arrival"
         if best is None:
-            return None
+            return now, None
         if kind == "io":
             with self._lock:
                 t, prio, _, ev = heapq.heappop(self._posted)
-            return t, prio, ev
+            return now, (t, prio, ev)
         if kind == "step":
             assert self._step is not None
             t, sid = self._step
             self._step = None
-            return t, PRIO_STEP, StepDone(step_id=sid)
-        return best[0], PRIO_ARRIVAL, Arrival(request=self.requests[i])
+            return now, (t, PRIO_STEP, StepDone(step_id=sid))
+        return now, (best[0], PRIO_ARRIVAL, Arrival(request=self.requests[i]))
 
     def run(self) -> None:
         reqs = self.requests
@@ -205,11 +218,10 @@ class RealtimeDriver:
         done_prev = -1
         next_sample = 0.0
         while True:
-            now = self.clock.now()
+            now, nxt = self._next_due(i)
             if now >= next_sample:
                 self.core.metrics.tier_series.append((now, self.backend.sample()))
                 next_sample = now + self.sample_every_s
-            nxt = self._next_due(now, i)
             if nxt is not None:
                 t, prio, ev = nxt
                 if prio == PRIO_ARRIVAL:
@@ -228,7 +240,7 @@ class RealtimeDriver:
                         break
             # Sleep until the next arrival or step end, or until a load posts.
             wake_at = min(
-                reqs[i].arrival / self.speed if i < n else float("inf"),
+                reqs[i].arrival if i < n else float("inf"),
                 self._step[0] if self._step is not None else float("inf"),
                 next_sample,
             )

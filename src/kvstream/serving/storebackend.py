@@ -4,9 +4,13 @@
 the store's index and host-memory tier, runs each :class:`StartLoad` as one ``read_chunks`` call on a worker
 thread (the store routes it over the tiers), ``put``\\ s each :class:`WriteChunks` chunk (a synthetic payload
 of the model's chunk size; its bytes do not matter, its size and the I/O do) and ``flush``\\ es at
-:class:`Flush`. Reads carry each request's session and previous answer length (the load's ``metas``) to the
-host-memory tier's eviction policy, and a queue-aware policy gets the serving loop's look-ahead window
-(:meth:`StoreBackend.set_window`).
+:class:`Flush`, both on one put thread, in order, off the serving loop. Reads carry each request's session,
+turn and previous answer length and each chunk's position (the load's ``metas``) to the host-memory tier's
+eviction policy (Bidaw's hit potential uses them), and a queue-aware policy gets the serving loop's look-ahead
+window (:meth:`StoreBackend.set_window`).
+
+No copies: a load keeps the store's payload views (each pins its buffer) until the core releases the chunks.
+Each load is recorded (:class:`LoadRecord`) for replay's per-load GB/s (:func:`disk_load_gbps`).
 
 :class:`~kvstream.io.throttle.ThrottledEngine` (re-exported here) makes replay's *emulated* shared tier.
 """
@@ -18,6 +22,7 @@ import threading
 import time
 from collections.abc import Callable, Hashable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any
 
 from kvstream.eviction import AccessMeta
@@ -26,9 +31,41 @@ from kvstream.keys import ChunkKeyer, KeyNamespace
 from kvstream.serving.core import LoadDone, StartLoad, WriteChunks
 from kvstream.serving.realtime import RealtimeBackend
 
-__all__ = ["StoreBackend", "ThrottledEngine"]
+__all__ = ["StoreBackend", "ThrottledEngine", "LoadRecord", "disk_load_gbps"]
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class LoadRecord:
+    """One load as the backend ran it: wall-clock start and end (``time.perf_counter``; the end is when its last
+    chunk landed), payload bytes that came from the disk tiers and from host memory."""
+
+    start: float
+    end: float
+    disk_bytes: int
+    memory_bytes: int
+    background: bool
+
+
+def disk_load_gbps(loads: Sequence[LoadRecord]) -> tuple[float, float, int]:
+    """``(GB/s, seconds, bytes)`` of the loads that read from disk: their disk bytes over the time at least one of
+    them was in flight (overlapping loads share the devices, so their time is counted once). One load alone:
+    its bytes over its duration."""
+    spans = sorted((lo.start, lo.end) for lo in loads if lo.disk_bytes > 0)
+    total = sum(lo.disk_bytes for lo in loads if lo.disk_bytes > 0)
+    busy = 0.0
+    cur_s = cur_e = None
+    for s_, e_ in spans:
+        if cur_e is None or s_ > cur_e:
+            if cur_e is not None:
+                busy += cur_e - cur_s
+            cur_s, cur_e = s_, e_
+        else:
+            cur_e = max(cur_e, e_)
+    if cur_e is not None:
+        busy += cur_e - cur_s
+    return (total / busy / 1e9 if busy > 0 else 0.0), busy, total
 
 
 class StoreBackend(RealtimeBackend):
@@ -45,13 +82,16 @@ class StoreBackend(RealtimeBackend):
         self.payload = np.random.default_rng(0).integers(0, 256, chunk_bytes, dtype=np.uint8).tobytes()
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="kvs-replay-load")
         self.load_s: list[float] = []
+        # One record per load (blocking or background): what replay's per-load GB/s is computed from.
+        self.loads: list[LoadRecord] = []
+        self.write_s = 0.0  # seconds spent in ``put`` (copy, checksum, waits for free memory), on the put thread
+        self._writes = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kvs-replay-put")
         self._lock = threading.Lock()
-        self._staged: dict[bytes, tuple[bytearray, int]] = {}  # key -> (payload copy, pins); see _load
-        # Staging buffers come back here when the core releases them: a fresh 7 MiB ``bytes`` per chunk cost
-        # page faults on every copy (measured: the copy dominated a load's per-chunk time), while a real engine
-        # copies into pinned buffers it keeps.
-        self._free: list[bytearray] = []
-        self._free_max = 256
+        # key -> (the store's payload view, pins). Holding the view is the staging: it pins the store's buffer
+        # (host memory, or the read's own buffer), which is never reused while a view of it lives, so a
+        # prefetched request keeps its KV even if the store evicts the entry meanwhile, and nothing is copied
+        # (a real engine hands the same host buffer to the host->GPU transfer). See _load and release.
+        self._staged: dict[bytes, tuple[memoryview, int]] = {}
 
     def key(self, c: Hashable) -> bytes:
         k = self._keys.get(c)
@@ -74,25 +114,35 @@ class StoreBackend(RealtimeBackend):
         metas: list[AccessMeta | None] = []
         index: dict[bytes, int] = {}
         for j, (_, chunks) in enumerate(action.items):
-            session, prev = action.metas[j] if j < len(action.metas) else (None, None)
-            meta = AccessMeta(session=session, prev_answer_tokens=prev) if session is not None else None
-            for c in chunks:
+            session, prev, turn, first = (tuple(action.metas[j]) + (None, None))[:4] if j < len(action.metas) \
+                else (None, None, None, None)
+            for p, c in enumerate(chunks):
                 k = self.key(c)
                 if k not in index:
                     index[k] = len(keys)
                     keys.append(k)
-                    metas.append(meta)
+                    # Per chunk: Bidaw's hit-potential eviction groups a session's chunks into visits (turn) and
+                    # shrinks a prefix from its tail (position).
+                    metas.append(AccessMeta(session=session, prev_answer_tokens=prev, round_index=turn,
+                                            position=None if first is None else first + p)
+                                 if session is not None else None)
         got = [False] * len(keys)
-        data: dict[bytes, bytes] = {}
+        data: dict[bytes, memoryview] = {}
+        disk_bytes = mem_bytes = 0
         try:
             for i, chunk in self.store.read_chunks(keys, metas=metas):
                 if chunk is not None:
                     got[i] = True
-                    # The engine's own staging copy (pinned host buffer / the GPU): held until the core
-                    # releases it, so a prefetched request keeps its KV even if the store evicts it meanwhile.
-                    data[keys[i]] = self._stage_copy(chunk.payload)
+                    if chunk.source == "memory":
+                        mem_bytes += len(chunk.payload)
+                    else:
+                        disk_bytes += len(chunk.payload)
+                    # Held (not copied) until the core releases it: see ``_staged``.
+                    data[keys[i]] = chunk.payload
         except Exception:  # a failing store must not hang the run: report what landed, and say why
             log.exception("replay: a load failed part-way; the chunks that landed are used, the rest recomputed")
+        self.loads.append(LoadRecord(start=t0, end=time.perf_counter(), disk_bytes=disk_bytes,
+                                     memory_bytes=mem_bytes, background=action.background))
         avail = []
         with self._lock:
             for rid, chunks in action.items:
@@ -108,17 +158,33 @@ class StoreBackend(RealtimeBackend):
                     else:
                         self._staged[k] = (held[0], held[1] + 1)
                 avail.append((rid, n))
-            for unused in data.values():  # landed after a missing chunk, or already staged by another load
-                self._recycle_locked(unused)
+        for unused in data.values():  # landed after a missing chunk, or already staged by another load
+            unused.release()
         self.load_s.append(time.perf_counter() - t0)
         post(LoadDone(load_id=action.load_id, available=tuple(avail)))
 
     def write(self, action: WriteChunks) -> None:
-        for j, c in enumerate(action.chunk_ids):
-            self.store.put(self.key(c), self.payload, position=action.first_position + j)
+        """Hand the chunks to the put thread and return: ``put`` copies and checksums each payload and may wait
+        for host memory held by unwritten chunks, which must not stall the serving loop (an engine stores KV
+        asynchronously, as LMCache does). Puts and flushes run in the order the core issued them."""
+        keys = [(self.key(c), action.first_position + j) for j, c in enumerate(action.chunk_ids)]
+        self._writes.submit(self._put, keys)
+
+    def _put(self, keys: list[tuple[bytes, int]]) -> None:
+        t0 = time.perf_counter()
+        try:
+            for k, pos in keys:
+                self.store.put(k, self.payload, position=pos)
+        except Exception:  # a failing put loses a cache entry, never the run
+            log.exception("replay: a put failed; the chunk will be recomputed when needed")
+        self.write_s += time.perf_counter() - t0
 
     def flush(self) -> None:
-        self.store.flush()
+        self._writes.submit(self.store.flush)
+
+    def sync(self) -> None:
+        """Wait until every write and flush handed over so far has run."""
+        self._writes.submit(lambda: None).result()
 
     @property
     def wants_window(self) -> bool:
@@ -128,6 +194,7 @@ class StoreBackend(RealtimeBackend):
         self.store.memory.set_window(sessions)
 
     def release(self, chunk_ids: Sequence[Hashable]) -> None:
+        done: list[memoryview] = []
         with self._lock:
             for c in chunk_ids:
                 k = self.key(c)
@@ -136,23 +203,9 @@ class StoreBackend(RealtimeBackend):
                     self._staged[k] = (payload, pins - 1)
                 else:
                     del self._staged[k]
-                    self._recycle_locked(payload)
-
-    def _stage_copy(self, payload: memoryview) -> bytearray:
-        n = len(payload)
-        with self._lock:
-            buf = next((b for b in reversed(self._free) if len(b) == n), None)
-            if buf is not None:
-                self._free.remove(buf)
-        if buf is None:
-            return bytearray(payload)
-        buf[:] = payload  # same length: an in-place copy into memory already faulted in
-        return buf
-
-    def _recycle_locked(self, buf: bytearray) -> None:
-        """Return a staging buffer to the free list; the caller holds ``self._lock``."""
-        if len(self._free) < self._free_max:
-            self._free.append(buf)
+                    done.append(payload)
+        for view in done:  # the store may reuse the buffer (or evict the entry's) from now on
+            view.release()
 
     @property
     def staged_bytes(self) -> int:
@@ -168,3 +221,9 @@ class StoreBackend(RealtimeBackend):
 
     def close(self) -> None:
         self._pool.shutdown(wait=True)
+        self._writes.shutdown(wait=True)
+        with self._lock:
+            left = [view for view, _ in self._staged.values()]
+            self._staged.clear()
+        for view in left:
+            view.release()

@@ -306,6 +306,24 @@ PRESETS: dict[str, SyntheticSpec] = {
         output=LengthDist(mean=64, cv=0.8, lo=4, hi=512),
         max_prompt_tokens=24 * 1024,
     ),
+    # Long agent sessions (a coding agent: a 2k-token system prompt, histories growing from 5k to 14-18k tokens,
+    # short tool calls and tool outputs, ~88 % of prompt chunks reused), sized so that a 14B-class model's KV (48 MiB chunks) is read
+    # in loads of hundreds of MB, the sessions' KV (about 11 GiB) far exceeds host memory, and a replay of four
+    # systems still takes minutes on a small machine: replay's default (kvstream.commands.replay says why, and
+    # which model and GPU it is paired with).
+    "agent-long": SyntheticSpec(
+        n_requests=48,
+        rate=0.8,
+        cv=2.0,
+        mode="session",
+        reuse=0.9,
+        active=6,
+        shared_prefix_tokens=2048,
+        prefix=LengthDist(mean=6144, cv=0.5, lo=2048, hi=16384),
+        new_tokens=LengthDist(mean=512, cv=1.0, lo=64, hi=4096),
+        output=LengthDist(mean=48, cv=0.8, lo=8, hi=512),
+        max_prompt_tokens=24 * 1024,
+    ),
     # The same shape at paper scale (SWE-bench-like agent sessions).
     "agent": SyntheticSpec(
         n_requests=2000,
