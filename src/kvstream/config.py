@@ -30,7 +30,8 @@ from typing import Any
 
 from kvstream.errors import ConfigError
 
-__all__ = ["TierConfig", "StoreConfig", "parse_size", "parse_tier_specs", "size_arg"]
+__all__ = ["TierConfig", "StoreConfig", "FIELD_DOCS", "parse_size", "parse_tier_specs", "reference_markdown",
+           "size_arg"]
 
 # As in fio and dd, a bare letter is binary (4M = 4 MiB); "MB"/"GB" are decimal; "MiB"/"GiB" binary.
 _UNITS = {
@@ -224,6 +225,116 @@ class StoreConfig:
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+
+# One line per field: what docs/config.md says it means (``reference_markdown``). A test fails when a field of
+# TierConfig or StoreConfig has no entry here, or when docs/config.md is not what reference_markdown() returns.
+FIELD_DOCS: dict[str, str] = {
+    "TierConfig.name": "the tier's name (1-32 letters, digits or `_.-`), used by routers, stats and metrics",
+    "TierConfig.path": "absolute folder; the tier keeps its chunk files and index under it "
+                       "(in a YAML file a relative path is relative to the file)",
+    "TierConfig.capacity_bytes": "bytes of chunk files this node may keep there; enforced by eviction",
+    "TierConfig.read_depth": "io_uring / threads read ring depth (operations)",
+    "TierConfig.read_inflight_bytes": "bytes of reads in flight at once: the router's claim window",
+    "TierConfig.write_depth": "write ring depth (operations)",
+    "TierConfig.write_inflight_bytes": "bytes of writes in flight at once",
+    "TierConfig.write_backlog_bytes": "while this tier's submitted, unfinished writes exceed it, a *second* copy "
+                                      "of a chunk is skipped (counted as `write_skipped_backlog`) instead of "
+                                      "queued, so a slow shared tier cannot fill host memory or stall puts; the "
+                                      "first copy is always written. Default (null): half of `memory_bytes`",
+    "TierConfig.eviction": "eviction policy of the tier (`lru`, ...; `belady` is simulator-only)",
+    "TierConfig.direct_io": "`on` (fail if the file system refuses O_DIRECT), `off`, or `auto` (on where possible)",
+    "TierConfig.fsync": "fsync each chunk before publishing it (checksums already stop torn data being used)",
+    "TierConfig.shared": "other nodes write here too: refresh the index from their logs",
+    "StoreConfig.tiers": "the directory tiers, fastest (node-local) first; each takes the per-tier keys below",
+    "StoreConfig.memory_bytes": "the store's host-memory tier: clean cached chunks plus buffered writes "
+                                "(at least 1 MiB)",
+    "StoreConfig.router": "how a step's reads are split over tiers: `mitm` | `mitm:M` | `fixed:R` | `single:NAME`",
+    "StoreConfig.replication": "which tiers get a copy of each chunk: `full` | `single` | `partial:F` | `lazy` | "
+                               "`selective`",
+    "StoreConfig.io_engine": "`uring` | `threads` | `auto`",
+    "StoreConfig.memory_eviction": "eviction policy of the host-memory tier (`lru`, `hit-potential`, ...)",
+    "StoreConfig.verify_reads": "check each payload's checksum before returning it",
+    "StoreConfig.create_dirs": "create missing tier folders instead of failing (under LMCache the default is "
+                               "true when the tiers come from `kvstream.tiers`)",
+    "StoreConfig.chunk_bytes": "expected payload size; when given, capacities are checked against it at open",
+    "StoreConfig.hedge_after_s": "re-issue a read on another replica after this many seconds (null: off)",
+    "StoreConfig.read_windows": "`balanced`: size each tier's read window by its measured speed so all drain "
+                                "together; `fixed`: every tier keeps its `read_inflight_bytes`",
+    "StoreConfig.node_id": "this node's name in shared tiers' index logs",
+}
+
+
+def reference_markdown() -> str:
+    """docs/config.md: every key of :class:`StoreConfig`, :class:`TierConfig` and the LMCache plugin, with its
+    type, default and meaning, and the ``kvstream.*`` key that sets it under LMCache. Regenerate with
+    ``python scripts/config_reference.py``."""
+    from kvstream.integrations._lmcache_config import KEY_DEFAULTS, KEYS, PREFIX, STORE_KEYS
+
+    def typ(f: "dataclasses.Field[Any]") -> str:
+        t = str(f.type)
+        if f.name in _SIZE_FIELDS:
+            t = t.replace("int", "size")
+        return t.replace("tuple[TierConfig, ...]", "list of tiers").replace(" | None", " or null")
+
+    def dflt(f: "dataclasses.Field[Any]") -> str:
+        if f.default is not dataclasses.MISSING:
+            v = f.default
+            if v is None:
+                return "null"
+            if isinstance(v, bool):
+                return str(v).lower()
+            if f.name in _SIZE_FIELDS and isinstance(v, int):
+                return _size_text(v)
+            return f"`{v}`"
+        if f.default_factory is not dataclasses.MISSING:
+            return "the host's name" if f.name == "node_id" else "(computed)"
+        return "required"
+
+    def row(*cells: str) -> str:  # a "|" inside a cell (mitm | fixed:R) must not end it
+        return "| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |"
+
+    def lm(cls_name: str, name: str) -> str:
+        key = STORE_KEYS.get(f"{cls_name}.{name}")
+        return f"`{PREFIX}{key}`" if key else "via `kvstream.config_file`"
+
+    lines = [
+        "<!-- Generated by `python scripts/config_reference.py`; edit FIELD_DOCS in src/kvstream/config.py",
+        "     or KEYS / KEY_DEFAULTS in src/kvstream/integrations/_lmcache_config.py, not this file. -->",
+        "# Configuration reference",
+        "",
+        "One schema for the Python API (`kvstream.open_store(dict | StoreConfig | YAML path)`), YAML files and the",
+        "LMCache plugin. Unknown keys and bad values fail at open with an error naming the field. Sizes are ints or",
+        "strings with a unit: `K/M/G/T` and `KiB/MiB/GiB/TiB` are powers of 1024, `KB/MB/GB/TB` of 1000.",
+        "",
+        "Under LMCache the keys go into `extra_config` (YAML) or, as JSON, into the environment variable",
+        "`LMCACHE_EXTRA_CONFIG` (see [lmcache.md](lmcache.md)); there are no other environment variables.",
+        "Store keys without a `kvstream.*` key of their own are set through a kvstream YAML file named by",
+        "`kvstream.config_file`; `kvstream.*` keys override that file.",
+        "",
+    ]
+    for cls, title in ((StoreConfig, "## Store (`StoreConfig`)"), (TierConfig, "## Each tier (`TierConfig`, under `tiers:`)")):
+        lines += [title, "", "| key | type | default | meaning | LMCache key |", "|---|---|---|---|---|"]
+        for f in dataclasses.fields(cls):
+            doc = FIELD_DOCS[f"{cls.__name__}.{f.name}"]
+            lines.append(row(f"`{f.name}`", typ(f), dflt(f), doc, lm(cls.__name__, f.name)))
+        lines.append("")
+    lines += ["## LMCache plugin only (`extra_config`, or JSON in `LMCACHE_EXTRA_CONFIG`)", "",
+              "All optional except one of `kvstream.tiers` / `kvstream.config_file`.", "",
+              "| key | type | default | meaning |", "|---|---|---|---|"]
+    for key, meaning in KEYS.items():
+        if key in KEY_DEFAULTS:
+            t, d = KEY_DEFAULTS[key]
+            lines.append(row(f"`{PREFIX}{key}`", t, d, meaning))
+    lines.append("")
+    return "\n".join(lines)
+
+
+def _size_text(n: int) -> str:
+    for unit, k in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
+        if n >= 1 << k and n % (1 << k) == 0:
+            return f"{n >> k} {unit}"
+    return f"{n} B"
 
 
 _SIZE_FIELDS = {"capacity_bytes", "memory_bytes", "chunk_bytes", "read_inflight_bytes", "write_inflight_bytes",

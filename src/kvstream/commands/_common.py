@@ -35,6 +35,7 @@ __all__ = [
     "gpu_names",
     "preset_name",
     "preset_names",
+    "run_meta",
 ]
 
 # Top-level module -> the extra that installs it. Each extra is named for what it enables.
@@ -196,3 +197,14 @@ def preset_name(text: str) -> str:
     if text not in preset_names():
         raise argparse.ArgumentTypeError(f"unknown workload preset {text!r}; choose from {', '.join(preset_names())}")
     return text
+
+
+def run_meta(quick: bool | None = None) -> dict[str, Any]:
+    """What a results JSON records about the run that wrote it: the kvstream version, the command line and,
+    where the command has that flag, ``--quick`` (a shrunk workload whose verdicts may differ)."""
+    from kvstream import __version__
+
+    meta: dict[str, Any] = {"version": __version__, "command_line": list(sys.argv)}
+    if quick is not None:
+        meta["quick"] = bool(quick)
+    return meta

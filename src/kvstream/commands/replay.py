@@ -51,7 +51,7 @@ from typing import Any
 
 from kvstream.errors import UsageError
 
-__all__ = ["register", "run_replay", "SYSTEMS"]
+__all__ = ["register", "run_replay", "SYSTEMS", "disk_warning"]
 
 SYSTEMS = ("kvstream", "kvstream-only", "bidaw-only", "lmcache-like")
 
@@ -333,7 +333,14 @@ def run_replay(args: argparse.Namespace) -> dict[str, Any]:
             shutil.rmtree(shm_dir, ignore_errors=True)
         if ours and not args.keep:
             shutil.rmtree(out / "tiers", ignore_errors=True)
+    warning = disk_warning(results, args)
+    if warning:
+        print(f"replay: warning: {warning}", file=sys.stderr)
+    from kvstream.commands._common import run_meta
+
     report: dict[str, Any] = {
+        **run_meta(),
+        "warnings": [warning] if warning else [],
         "workload": wl_desc, "model": cost.model.name, "gpu": f"{args.tp}x {cost.gpu.name}",
         "chunk_bytes": cost.model.chunk_bytes(), "gpu_kv": args.gpu_kv, "memory": args.memory,
         "speed": args.speed, "notes": notes,
@@ -356,6 +363,24 @@ def run_replay(args: argparse.Namespace) -> dict[str, Any]:
         print("replay: figure skipped: matplotlib is not installed (pip install 'kvstream[plot]')", file=sys.stderr)
     (out / "replay.json").write_text(json.dumps(report, indent=1, default=str))
     return {"report": report, "results": results}
+
+
+def disk_warning(results: list[dict[str, Any]], args: argparse.Namespace) -> str | None:
+    """One line naming the systems that read nothing from the disk tiers (every hit came from GPU KV or host
+    memory: the workload is too small for the memory sizes, and the row says nothing about the tiers), with the
+    flag to change; None if every system read from disk. ``args``: replay's, set-up filled in (``_with_setup``)."""
+    idle = [r["system"] for r in results
+            if sum(v for k, v in r["summary"].items() if k.startswith("storage_read_bytes_")) == 0]
+    if not idle:
+        return None
+    who = ", ".join(idle)
+    if getattr(args, "trace", None):
+        more = "replay more of the trace (--limit" + (f", now {args.limit})" if args.limit else ")")
+    else:
+        more = "give more requests (--requests" + (f", now {args.requests})" if args.requests else ")")
+    return (f"{who} read nothing from disk: every hit was in GPU KV ({args.gpu_kv}) or host memory "
+            f"({args.memory}), so the workload is too small for the tiers and the disk rows say nothing; "
+            f"{more} or shrink host memory (--memory) and GPU KV (--gpu-kv)")
 
 
 def _measure_tiers(tiers: list[tuple[str, Path]], args: argparse.Namespace, cost: Any, emulated: bool,

@@ -24,7 +24,7 @@ from typing import Any
 from kvstream.config import StoreConfig, parse_size, parse_tier_specs
 from kvstream.errors import ConfigError
 
-__all__ = ["PREFIX", "KEYS", "PluginOptions", "parse_extra_config", "attribute_error", "flatten"]
+__all__ = ["PREFIX", "KEYS", "KEY_DEFAULTS", "STORE_KEYS", "PluginOptions", "parse_extra_config", "attribute_error", "flatten"]
 
 PREFIX = "kvstream."
 
@@ -48,6 +48,31 @@ KEYS: dict[str, str] = {
                  "buffers, then copy",
     "prefetch_ttl_s": "free a started prefetch no one collected after this many seconds",
     "close_timeout_s": "how long close() waits for pending writes",
+}
+
+# For docs/config.md (kvstream.config.reference_markdown): type and default of each key that sets no store
+# field of the same name; tests/test_config_reference.py checks the defaults against parse_extra_config.
+KEY_DEFAULTS: dict[str, tuple[str, str]] = {
+    "config_file": ("path", "—"),
+    "tiers": ("`NAME=PATH,...`", "—"),
+    "capacity_bytes": ("size or `NAME=SIZE,...`", "— (required with `kvstream.tiers`)"),
+    "namespace": ("str", '`""`'),
+    "flush_after_ms": ("float", "20"),
+    "max_pending_write_bytes": ("size", "¼ of LMCache's `max_local_cpu_size`"),
+    "load_threads": ("int", "4"),
+    "read_into": ("bool", "true"),
+    "prefetch_ttl_s": ("float", "120"),
+    "close_timeout_s": ("float", "120"),
+}
+
+# StoreConfig / TierConfig field -> the kvstream.<key> that sets it (the others: through kvstream.config_file)
+STORE_KEYS: dict[str, str] = {
+    "StoreConfig.tiers": "tiers",
+    "TierConfig.name": "tiers",
+    "TierConfig.path": "tiers",
+    "TierConfig.capacity_bytes": "capacity_bytes",
+    **{f"StoreConfig.{k}": k for k in ("memory_bytes", "router", "replication", "io_engine", "create_dirs",
+                                       "verify_reads", "hedge_after_s")},
 }
 
 # store fields a kvstream.<field> key may override, and how to read a string form of them

@@ -150,7 +150,10 @@ def scenario(name: str, targets: str, title: str) -> Callable:
     return deco
 
 
-def run_scenario(name: str, out_dir: Path, *, quick: bool = False, seed: int = 0) -> ScenarioResult:
+def run_scenario(name: str, out_dir: Path, *, quick: bool = False, seed: int = 0,
+                 meta: dict[str, Any] | None = None) -> ScenarioResult:
+    """Run one scenario; write ``NAME.json`` (with ``meta`` merged in: version, command line, quick) and its
+    figure into ``out_dir``."""
     try:
         sc = SCENARIOS[name]
     except KeyError:
@@ -159,7 +162,7 @@ def run_scenario(name: str, out_dir: Path, *, quick: bool = False, seed: int = 0
     t0 = time.perf_counter()
     res = sc.run(out_dir, quick, seed)
     res.wall_s = time.perf_counter() - t0
-    (out_dir / f"{name}.json").write_text(json.dumps(res.to_json(), indent=1))
+    (out_dir / f"{name}.json").write_text(json.dumps({**(meta or {}), **res.to_json()}, indent=1))
     return res
 
 
