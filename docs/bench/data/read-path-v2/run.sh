@@ -1,7 +1,7 @@
 #!/bin/bash
 # Reduced §8.0 re-run on the new read path (and the old code for the A/B), testbed up.
 cd "$(dirname "$0")/../../../.."
-OUT=${OUT:-/tmp/rpv2}; mkdir -p "$OUT"; OLD=${OLD:-$OLD}  # git worktree add /tmp/oldtree 3140efd
+OUT=${OUT:-/tmp/rpv2}; mkdir -p "$OUT"; OLD=${OLD:-/tmp/oldtree/src}  # the previous read path: git worktree add /tmp/oldtree 3140efd
 bench/testbed throttle-local 1200000000
 T4="--tier local=/var/tmp/kvs-bw/local4L --tier shared=/mnt/kvs-shared/kvs-bw4L --chunks 384 --chunk-bytes 4M --repeat 5"
 run() { local name=$1 pp=$2; shift 2
