@@ -41,3 +41,17 @@ def engines() -> list:
         marks = [pytest.mark.skip(reason=f"io_uring unavailable here: {reason}")] if reason else []
         out.append(pytest.param(name, marks=marks, id=name))
     return out
+
+
+def wait_pool_empty(store, timeout: float = 3.0) -> None:
+    """Empty the store's host memory until its buffer pool holds nothing in use (late reads end on ring
+    threads: allow them ``timeout``), then assert it does."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while True:
+        store.evict_memory()
+        if store.memory.pool.in_use_bytes == 0 or time.monotonic() > deadline:
+            break
+        time.sleep(0.01)
+    assert store.memory.pool.in_use_bytes == 0

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 import kvstream
-from conftest import engines
+from conftest import engines, wait_pool_empty
 from kvstream.format import HEADER_BYTES, ChunkMeta
 from kvstream.io.buffers import AlignedBuffer, round_up
 from kvstream.io.engine import make_engine
@@ -303,13 +303,7 @@ def test_get_meta_reads_headers_from_the_other_replica_when_a_tier_stalls(disk_t
         time.sleep(0.05)
         # the late local reads cleaned up after themselves: their pooled buffers are back (released stalls end
         # on the ring's threads: allow them a moment)
-        deadline = time.monotonic() + 2
-        while True:
-            s.evict_memory()
-            if s.memory.pool.in_use_bytes == 0 or time.monotonic() > deadline:
-                break
-            time.sleep(0.01)
-        assert s.memory.pool.in_use_bytes == 0
+        wait_pool_empty(s)
     finally:
         engine.release_stalls()
         s.close()

@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 
 import kvstream
-from conftest import engines
+from conftest import engines, wait_pool_empty
 from kvstream.format import ChunkMeta
 from kvstream.io.buffers import AlignedBuffer, round_up
 
@@ -202,19 +202,24 @@ def test_soak_readers_and_writers_never_see_wrong_bytes(disk_tmp, engine):
     assert not wrong, wrong[:5]
 
 
-def test_busy_target_stays_alive_until_its_read_ends(disk_tmp):
-    """A target reported busy belongs to the store until ``on_target_free``: a caller that drops its reference
-    does not free the memory a stalled read is still writing into."""
+def _stored_then_local_delayed(root, keys, delay_s):
+    """``keys`` stored on both tiers, then a store (hedging at 0.05 s) whose local reads each take ``delay_s``."""
     from kvstream.io.engine import make_engine
     from kvstream.io.faults import Fault, FaultPlan, FaultyEngine
 
-    cfg = cfg_for(disk_tmp, hedge_after_s=0.05)
-    keys = keys_for(4, seed=9)
+    cfg = cfg_for(root, hedge_after_s=0.05)
     with kvstream.open_store(cfg) as s:
         put_all(s, keys)
-    plan = FaultPlan([Fault(kind="delay", rings="local-r", delay_s=30)], seed=1)
-    engine = FaultyEngine(make_engine("threads"), plan)
-    s = kvstream.open_store(cfg, engine=engine)
+    engine = FaultyEngine(make_engine("threads"), FaultPlan([Fault(kind="delay", rings="local-r",
+                                                                   delay_s=delay_s)], seed=1))
+    return kvstream.open_store(cfg, engine=engine), engine
+
+
+def test_busy_target_stays_alive_until_its_read_ends(disk_tmp):
+    """A target reported busy belongs to the store until ``on_target_free``: a caller that drops its reference
+    does not free the memory a stalled read is still writing into."""
+    keys = keys_for(4, seed=9)
+    s, engine = _stored_then_local_delayed(disk_tmp, keys, 30)
     try:
         metas = s.get_meta(keys)
         sizes = [round_up(m[1]) for m in metas]
@@ -283,16 +288,9 @@ def test_a_target_reported_ok_is_never_written_again(disk_tmp):
 def test_stopping_early_releases_every_buffer(disk_tmp):
     """Found by adversarial testing: a caller that stopped at a yield left the rest of that action list undone
     (a waiting copy's Release), leaking a pooled buffer per call."""
-    from kvstream.io.engine import make_engine
-    from kvstream.io.faults import Fault, FaultPlan, FaultyEngine
-
-    cfg = cfg_for(disk_tmp, hedge_after_s=0.05)
     keys = keys_for(8, seed=12)
-    with kvstream.open_store(cfg) as s:
-        put_all(s, keys)
-    plan = FaultPlan([Fault(kind="delay", rings="local-r", delay_s=0.4)], seed=1)
-    engine = FaultyEngine(make_engine("threads"), plan)
-    with kvstream.open_store(cfg, engine=engine) as s:
+    s, engine = _stored_then_local_delayed(disk_tmp, keys, 0.4)
+    with s:
         for _ in range(3):
             s.evict_memory()
             bufs = [AlignedBuffer(round_up(CHUNK)) for _ in keys]
@@ -301,13 +299,7 @@ def test_stopping_early_releases_every_buffer(disk_tmp):
             gen.close()
         engine.release_stalls()
         s.drain()
-        deadline = time.monotonic() + 3
-        while True:
-            s.evict_memory()
-            if s.memory.pool.in_use_bytes == 0 or time.monotonic() > deadline:
-                break
-            time.sleep(0.02)
-        assert s.memory.pool.in_use_bytes == 0
+        wait_pool_empty(s)
 
 
 def test_a_finished_steps_opens_do_not_hold_the_next_step(disk_tmp):
