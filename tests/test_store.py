@@ -427,3 +427,21 @@ def test_backlog_limit_is_configurable_and_zero_means_first_copy_only(disk_tmp):
         assert s.drain(10)
         st = s.stats()["tiers"]
         assert st["local"]["write_chunks"] == 4 and st["shared"]["write_skipped_backlog"] == 4
+
+
+def test_put_hands_its_access_metadata_to_host_memory_eviction(disk_tmp):
+    """A written chunk enters the eviction policy (once its copies are written) with the session the writer
+    named: Bidaw's hit potential groups and scores by it."""
+    from kvstream.eviction import AccessMeta
+
+    cfg = {"tiers": [{"name": "local", "path": str(disk_tmp / "l"), "capacity_bytes": "64MiB"}],
+           "memory_bytes": "8MiB", "create_dirs": True, "memory_eviction": "hit-potential"}
+    with kvstream.open_store(cfg) as s:
+        seen = []
+        real = s.memory.policy.on_insert
+        s.memory.policy.on_insert = lambda key, size, **kw: (seen.append((key, kw.get("meta"))), real(key, size, **kw))
+        acc = AccessMeta(session="conv-7", prev_answer_tokens=120, position=0)
+        assert s.put(b"k" * 16, b"x" * 10_000, access=acc)
+        s.flush()
+        assert s.drain(10)
+        assert (b"k" * 16, acc) in seen

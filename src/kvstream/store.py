@@ -205,13 +205,15 @@ class Store:
 
     # -- writes ---------------------------------------------------------------------------------------------
     def put(self, key: bytes, payload: Any, *, meta: ChunkMeta | None = None, position: int | None = None,
-            tiers: Sequence[str] | None = None) -> bool:
+            tiers: Sequence[str] | None = None, access: AccessMeta | None = None) -> bool:
         """Buffer a chunk in host memory; it reaches the tiers at the next :meth:`flush`.
 
         ``payload`` is any C-contiguous buffer (bytes, numpy array, ...); ``meta`` (dtype, shape, layout) is kept
         in the chunk's header and handed back by :meth:`read_chunks`. ``position`` (chunk index within its
         prefix) helps partial replication place copies; ``tiers`` overrides the replication policy (and adds a
-        replica to a named tier that lacks a chunk stored elsewhere). Returns False if the chunk was already
+        replica to a named tier that lacks a chunk stored elsewhere); ``access`` (session, previous answer
+        length...) goes to the host-memory eviction policy when the chunk becomes evictable (Bidaw's hit
+        potential needs it). Returns False if the chunk was already
         stored, or had to be dropped because host memory was all dirty (counted in ``puts_dropped_no_memory``;
         the caller recomputes it later, nothing else is lost).
         """
@@ -258,7 +260,7 @@ class Store:
             raise UsageError(f"put: {exc}") from None
         header = decode_header(mv[:HEADER_BYTES])
         del mv
-        entry = MemEntry(key=key, buf=buf, header=header, position=position)
+        entry = MemEntry(key=key, buf=buf, header=header, position=position, access=access)
         self._remember_meta(header)
         with self._lock:
             if self.memory.insert(entry, dirty=True) is not entry:  # another thread put it first

@@ -168,13 +168,15 @@ class StoreBackend(RealtimeBackend):
         for host memory held by unwritten chunks, which must not stall the serving loop (an engine stores KV
         asynchronously, as LMCache does). Puts and flushes run in the order the core issued them."""
         keys = [(self.key(c), action.first_position + j) for j, c in enumerate(action.chunk_ids)]
-        self._writes.submit(self._put, keys)
+        self._writes.submit(self._put, keys, action.session, action.prev_answer_tokens)
 
-    def _put(self, keys: list[tuple[bytes, int]]) -> None:
+    def _put(self, keys: list[tuple[bytes, int]], session: Hashable | None, prev: int | None) -> None:
         t0 = time.perf_counter()
         try:
             for k, pos in keys:
-                self.store.put(k, self.payload, position=pos)
+                access = AccessMeta(session=session, prev_answer_tokens=prev, position=pos) \
+                    if session is not None else None
+                self.store.put(k, self.payload, position=pos, access=access)
         except Exception:  # a failing put loses a cache entry, never the run
             log.exception("replay: a put failed; the chunk will be recomputed when needed")
         self.write_s += time.perf_counter() - t0

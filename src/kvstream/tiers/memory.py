@@ -36,6 +36,7 @@ class MemEntry:
     dirty: int = 0  # disk writes of this entry not finished yet
     position: int | None = None  # chunk index within its prefix, if known (for replication placement)
     removed: bool = False  # Store.remove() ran while writes were in flight: they must not stay published
+    access: AccessMeta | None = None  # what the writer knew of the access (session...), for the eviction policy
 
     def payload(self) -> memoryview:
         """Read-only view of the payload (callers must not be able to change a cached chunk)."""
@@ -155,7 +156,7 @@ class HostMemoryTier:
             entry.dirty -= 1
             if entry.dirty == 0:
                 if self._entries.get(entry.key) is entry:
-                    self.policy.on_insert(entry.key, entry.buf.capacity)
+                    self.policy.on_insert(entry.key, entry.buf.capacity, meta=entry.access)
                 else:  # dropped from the cache while being written
                     self.pool.release(entry.buf)
 
