@@ -214,3 +214,20 @@ def test_verify_tier_counts(disk_tmp):
     make_tier(root, n=9)
     rep = verify_tier(root)
     assert (rep.chunk_files, rep.valid_chunks, rep.index_entries, rep.errors) == (9, 9, 9, [])
+
+
+def test_a_fifo_at_a_chunk_path_is_reported_not_waited_on(disk_tmp, capsys):
+    import threading
+
+    root = disk_tmp / "t"
+    keys = make_tier(root, n=3)
+    path = DirectoryTier.relpath(keys[0])
+    os.unlink(root / path)
+    os.mkfifo(root / path)
+    out: list = []
+    t = threading.Thread(target=lambda: out.append(run(capsys, str(root))), daemon=True)
+    t.start()
+    t.join(20)
+    assert not t.is_alive(), "kvstream verify hung on a FIFO"
+    rc, text = out[0]
+    assert rc == 1 and "not a regular file" in text

@@ -91,9 +91,17 @@ class TierReport:
 
 
 def _check_chunk(path: Path, key_hex: str) -> tuple[int, str | None]:
-    """(file size, None) if the file is a valid chunk for ``key_hex``, else (size, the failed check)."""
-    with open(path, "rb") as f:
-        size = os.fstat(f.fileno()).st_size
+    """(file size, None) if the file is a valid chunk for ``key_hex``, else (size, the failed check).
+
+    Opened with ``O_NONBLOCK`` and checked to be a regular file first: a FIFO planted at a chunk path would
+    block a plain open (and ``verify``) forever."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        os.close(fd)
+        return 0, "not a regular file"
+    with os.fdopen(fd, "rb") as f:
+        size = st.st_size
         head = f.read(HEADER_BYTES)
         try:
             header = decode_header(head, where=str(path), expect_key=bytes.fromhex(key_hex))
