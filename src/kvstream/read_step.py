@@ -228,7 +228,6 @@ class ReadStep:
         self._busy_since: list[float | None] = [None] * self.n_tiers
         self.busy_s = [0.0] * self.n_tiers  # seconds each tier had a read of this step open or in flight
         self.tier_bytes = [0] * self.n_tiers  # bytes each tier landed and the consumer checked ok
-        self.hedged = 0
         self.closed = False
         self.steals_declined = 0
         self._now = 0.0
@@ -281,10 +280,7 @@ class ReadStep:
         r = self._read(rid)
         out: list[Action] = []
         if r.state is _R.ABANDONED:
-            self._move(r, "opened")
-            out.append(Release(rid, late=True))
-            self._forget_in_place(r)
-            return out
+            return self._end_abandoned(r, "opened")
         if self.chunks[r.chunk] is not _C.PENDING:  # delivered (or busy) while this file was opening
             return self._drop_unissued(r, now)
         self._move(r, "opened")
@@ -309,9 +305,15 @@ class ReadStep:
         """The driver did not open the read's file (see :meth:`needed`)."""
         r = self._read(rid)
         if r.state is _R.ABANDONED:
-            self._move(r, "not_needed")
-            return [Release(rid, late=True)]
+            return self._end_abandoned(r, "not_needed")
         return self._drop_unissued(r, now)
+
+    def _end_abandoned(self, r: _Read, event: str, *, holds: bool = True) -> list[Action]:
+        """The end of a read the step gave up on (its open or its I/O came back): released, and a late Release
+        for what it holds (``holds``: a descriptor, and a buffer or target once submitted)."""
+        self._move(r, event)
+        self._forget_in_place(r)
+        return [Release(r.rid, late=True)] if holds else []
 
     def _drop_unissued(self, r: _Read, now: float) -> list[Action]:
         self._move(r, "not_needed")
@@ -326,8 +328,7 @@ class ReadStep:
         r = self._read(rid)
         out: list[Action] = []
         if r.state is _R.ABANDONED:
-            self._move(r, "open_failed")
-            return out
+            return self._end_abandoned(r, "open_failed", holds=False)
         self._move(r, "open_failed")
         self._leave_window(r, now)
         self.sched.on_failed(r.tier, r.chunk)
@@ -339,10 +340,7 @@ class ReadStep:
         r = self._read(rid)
         out: list[Action] = []
         if r.state is _R.ABANDONED:
-            self._move(r, "landed")
-            self._forget_in_place(r)
-            out.append(Release(rid, late=True))
-            return out
+            return self._end_abandoned(r, "landed")
         self._move(r, "landed")
         self._leave_window(r, now)
         r.unread = True
@@ -415,7 +413,6 @@ class ReadStep:
                 if u == t or (usable is not None and u not in usable):
                     continue
                 for j in self.sched.hedge(u, stuck):
-                    self.hedged += 1
                     out.append(self._open(u, j, now, hedged=True))
         if self.report_busy and self.sched.finished and self._waiting:
             for j, w in list(self._waiting.items()):

@@ -449,7 +449,7 @@ class Reader:
             tag.fd = -1
         where = f"{tier.name}:{tier.relpath(tag.key)}"
         if tag.result < 0:
-            store._read_failed(tag.tier, tag.key, tag.result, where)
+            self._read_failed(tag.tier, tag.key, tag.result, where)
             return False
         t0 = time.perf_counter()
         try:
@@ -484,6 +484,18 @@ class Reader:
         store._remember_meta(header)
         tag.header = header
         return True
+
+    def _read_failed(self, t: int, key: bytes, result: int, where: str) -> None:
+        """A read (of a whole chunk or of its header) returned ``-errno``: a missing file is dropped from the
+        index; any other error counts against the tier and its breaker."""
+        tier = self.store.tiers[t]
+        if -result == _ENOENT:
+            tier.counters.missing_files += 1
+            tier.drop(key, unlink=False)
+        else:
+            tier.counters.read_errors += 1
+            self.store.health[t].on_failure(time.monotonic())
+            log.warning("tier %s: read of %s failed: %s", tier.name, where, os.strerror(-result))
 
     def _deliver(self, call: _Call, tag: _Tag) -> ReadOutcome | None:
         """Hand a delivered read to the caller: pinned in host memory (chunks), copied into its target (into),

@@ -60,8 +60,6 @@ __all__ = ["Store", "Chunk", "ReadIntoResult", "open_store"]
 
 log = logging.getLogger("kvstream.store")
 
-_ENOENT, _ENOSPC, _EDQUOT = 2, 28, 122
-_ENFILE, _EMFILE = 23, 24  # this process (or the system) is out of file descriptors: not the tier's fault
 _META_CACHE_ENTRIES = 1 << 18  # get_meta's cache of headers seen (~40 MB at most)
 
 
@@ -467,18 +465,6 @@ class Store:
                     b.release()
             self._c["read_seconds"] += time.perf_counter() - t_start
 
-    def _read_failed(self, t: int, key: bytes, result: int, where: str) -> None:
-        """A read (of a whole chunk or of its header) returned ``-errno``: a missing file (or one a peer
-        replaced: ESTALE) is dropped from the index; any other error counts against the tier and its breaker."""
-        tier = self.tiers[t]
-        if -result == _ENOENT:
-            tier.counters.missing_files += 1
-            tier.drop(key, unlink=False)
-        else:
-            tier.counters.read_errors += 1
-            self.health[t].on_failure(time.monotonic())
-            log.warning("tier %s: read of %s failed: %s", tier.name, where, os.strerror(-result))
-
     def _after_read(self, keys: list[bytes], holders: list[list[int]], step: ReadStep) -> None:
         """A step is over: its tiers' bytes and busy time feed the read windows and the replication policy."""
         tier_bytes, busy = step.tier_bytes, step.busy_s
@@ -527,10 +513,8 @@ class Store:
     def evict_memory(self) -> int:
         """Drop every clean chunk from host memory (buffers stay in the pool for reuse); returns chunks dropped.
         Benchmarks use it so a repeat reads from disk again; chunks not yet written stay."""
-        dropped = 0
         with self._lock:
-            dropped = self.memory.evict_clean()
-        return dropped
+            return self.memory.evict_clean()
 
     def stats(self) -> dict[str, Any]:
         """Counters for operators and benchmarks; ``write_amplification`` = bytes written / bytes put."""

@@ -154,18 +154,18 @@ class Writer:
         try:
             if not tier.reserve(fsize):
                 tier.counters.write_skipped_full += 1
-                self._write_not_started(tier, entry, fsize)
+                self._write_over(tier, entry, fsize)
                 return
             try:
                 fd, tmp = tier.create_temp(entry.key)
             except OSError as exc:
                 tier.unreserve(fsize)
                 self._write_failed(tier, -(exc.errno or 5))
-                self._write_not_started(tier, entry, fsize)
+                self._write_over(tier, entry, fsize)
                 return
         except Exception:  # a writer thread must answer for every copy it was given
             log.exception("tier %s: starting a write failed", tier.name)
-            self._write_not_started(tier, entry, fsize)
+            self._write_over(tier, entry, fsize)
             return
         op = IOOp(kind=OpKind.WRITE, fd=fd, buf=entry.buf, length=fsize, offset=0,
                   callback=self._on_write_done, tag=(tier, entry, tmp, attempt))
@@ -175,7 +175,9 @@ class Writer:
             os.close(fd)
             self._finish_write(tier, entry, tmp, fsize, ok=False, err=-5)
 
-    def _write_not_started(self, tier: DirectoryTier, entry: MemEntry, fsize: int) -> None:
+    def _write_over(self, tier: DirectoryTier, entry: MemEntry, fsize: int) -> None:
+        """One copy of ``entry`` is done with (published, failed, or never started): its dirty mark and its
+        place in the tier's backlog go."""
         self.store.memory.mark_clean(entry)
         with self._writes_cv:
             self._writes_inflight -= 1
@@ -237,11 +239,7 @@ class Writer:
                 else:
                     self._write_failed(tier, err)
         finally:
-            self.store.memory.mark_clean(entry)
-            with self._writes_cv:
-                self._writes_inflight -= 1
-                self._write_backlog[tier.position] -= fsize
-                self._writes_cv.notify_all()
+            self._write_over(tier, entry, fsize)
 
     def _write_failed(self, tier: DirectoryTier, err: int) -> None:
         if -err in (_ENOSPC, _EDQUOT):

@@ -1,5 +1,8 @@
 """A fault-injecting I/O engine for in-process drills: wrap any engine, choose faults per ring, seed them.
 
+Nothing in the product imports it: the tests and the fault drill (``bench/faults/drill.py``) pass one to
+``open_store(cfg, engine=...)``. It ships in the package so operators can run the same drills on their tiers.
+
     plan = FaultPlan(seed=7)
     plan.add(Fault(kind="eio", rings="local-r", p=0.3))        # 30 % of the local tier's reads fail with EIO
     plan.add(Fault(kind="delay", rings="shared-r", p=0.1, delay_s=2.0))   # stalls

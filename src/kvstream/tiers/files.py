@@ -262,7 +262,7 @@ class DirectoryTier:
         if size is None:
             return None
         try:
-            fd = os.open(self.path_for(key), self._open_flags_read | os.O_NONBLOCK)
+            fd = self._open_regular(key)
         except FileNotFoundError:
             if not self.present():  # the whole tier is gone (unmounted): a tier failure, not a lost file
                 self.counters.read_errors += 1
@@ -275,14 +275,7 @@ class DirectoryTier:
                 return None
             self.counters.read_errors += 1
             raise TierError(self.name, "open", exc.errno, f"{self.relpath(key)}: {exc.strerror}") from None
-        try:
-            regular = stat.S_ISREG(os.fstat(fd).st_mode)
-        except OSError as exc:
-            os.close(fd)
-            self.counters.read_errors += 1
-            raise TierError(self.name, "open", exc.errno, f"{self.relpath(key)}: {exc.strerror}") from None
-        if not regular:
-            os.close(fd)
+        if fd is None:
             self.quarantine(key, "not a regular file")
             return None
         return fd, size
@@ -294,14 +287,21 @@ class DirectoryTier:
         if size is None:
             return None
         try:
-            fd = os.open(self.path_for(key), self._open_flags_read | os.O_NONBLOCK)
+            fd = self._open_regular(key)
         except OSError:
             return None
+        return None if fd is None else (fd, size)
+
+    def _open_regular(self, key: bytes) -> int | None:
+        """A descriptor for reading the chunk file (``O_NONBLOCK``: a FIFO cannot block the open), or None if
+        what sits at the path is not a regular file. Raises ``OSError`` if it cannot be opened."""
+        fd = os.open(self.path_for(key), self._open_flags_read | os.O_NONBLOCK)
         try:
             if stat.S_ISREG(os.fstat(fd).st_mode):
-                return fd, size
+                return fd
         except OSError:
-            pass
+            os.close(fd)
+            raise
         os.close(fd)
         return None
 
