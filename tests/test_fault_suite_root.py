@@ -100,6 +100,34 @@ def test_a_full_file_system_evicts_retries_and_never_blocks_the_serving_path(dis
         assert not verify_tier(fs.mountpoint / "tier").errors
 
 
+def test_the_index_log_takes_its_records_on_a_full_file_system():
+    """The delete record of an eviction must land although a concurrent write took the space it freed: the log
+    writes into space it reserved ahead (without it, the records below fail with ENOSPC and a restart lists
+    files that are gone)."""
+    from kvstream.tiers.index import OP_DEL, OP_PUT, TierIndex
+
+    need(kernel.missing_loop())
+    with kernel.loop_fs("idxfull", 16 << 20) as fs:
+        folder = fs.mountpoint / "index"
+        idx = TierIndex(folder, node_id="n1")
+        with open(fs.mountpoint / "filler", "wb") as f:  # fill the file system to the last block
+            try:
+                while True:
+                    f.write(b"\xff" * (1 << 16))
+                    f.flush()
+            except OSError:
+                pass
+        keys = make_keys(200)
+        for k in keys:
+            idx.record(OP_PUT, k, 4096)
+        for k in keys[:150]:
+            idx.record(OP_DEL, k)
+        assert idx.append_errors == 0
+        idx.close()
+        again = TierIndex(folder, node_id="n1", writable=False)
+        assert sorted(k for k, _ in again.items()) == sorted(keys[150:])
+
+
 # ── read-only tier ─────────────────────────────────────────────────────────────────────────────────────────
 
 

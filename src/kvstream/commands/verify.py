@@ -166,7 +166,8 @@ def _scan(root: Path) -> tuple[TierReport, dict[str, Path], dict[bytes, int]]:
                     continue
                 whole = len(data) // _REC_BYTES
                 good = sum(1 for _ in _decode_log(data[: whole * _REC_BYTES]))
-                if good != whole or len(data) % _REC_BYTES:
+                rest = data[good * _REC_BYTES :]
+                if rest.count(0) != len(rest):  # zeros are the space a live (or crashed) writer reserved
                     add(Finding("warning", "log", rel, f"{good} valid records, then {len(data) - good * _REC_BYTES} B "
                                                        "of torn or foreign data (ignored)"))
     else:

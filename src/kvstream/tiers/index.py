@@ -10,6 +10,12 @@ Record (96 bytes, little-endian): magic ``KVIX`` | op u8 (1 put, 2 delete) | key
 | time_ns u64 | key 64s | 4 pad | xxh32 of the preceding 88 bytes. A torn last record (crash mid-append) fails
 its checksum and is ignored.
 
+Space for the log is reserved ahead (``posix_fallocate``, ``_RESERVE_BYTES`` at a time, zero-filled) and records
+are written at the log's own offset, so that a full file system does not cost the record that says a chunk was
+evicted to make room: an eviction frees space, but a concurrent chunk write can take it before the delete
+record is appended. Readers stop at the first record whose magic is wrong, so the zeroed reserve (and a crash
+that leaves it) reads as the end of the log; ``close()`` cuts the reserve off.
+
 Compaction (at open, under a non-blocking ``flock`` on ``index/compact.lock``; skipped if another process holds
 it): merge the snapshot and every *closed* log (renamed ``.closed`` by ``close()``, or left by a process of this
 node that no longer exists) into a new snapshot, published by rename, which lists the logs it covers; covered
@@ -46,6 +52,7 @@ OP_PUT = 1
 OP_DEL = 2
 _REC = struct.Struct("<4sBBxxQQ64s4x")
 _REC_BYTES = _REC.size + 4  # + xxh32
+_RESERVE_BYTES = 512 * _REC_BYTES  # 48 KiB: a few hundred records of a full disk's evictions
 _MAGIC = b"KVIX"
 _SNAP_MAGIC = b"KVIXSNP1"
 _SNAP_HEAD = struct.Struct("<8sQQI")  # magic, entries, time_ns, covered-names bytes
@@ -113,14 +120,16 @@ class TierIndex:
         self.load_seconds = 0.0
         self.compacted_logs = 0
         self.append_errors = 0  # records that could not be appended to our log (see _append)
-        self._own_size = 0
+        self._own_size = 0  # bytes of whole records in our log; the reserve beyond it is zeros
+        self._reserved = 0  # bytes allocated to our log (>= _own_size when reservation works)
         t0 = time.perf_counter()
         folder.mkdir(parents=True, exist_ok=True) if writable else None
         if writable:
             self._compact()
         self._load()
         if writable:
-            self._own_fd = os.open(folder / self._own_name, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_EXCL, 0o600)
+            self._own_fd = os.open(folder / self._own_name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            self._reserve()
         self.load_seconds = time.perf_counter() - t0
 
     # -- queries --------------------------------------------------------------------------------------------
@@ -150,24 +159,40 @@ class TierIndex:
             if self._own_fd is not None:
                 self._append(_encode(rec))
 
+    def _reserve(self) -> None:
+        """Allocate the next ``_RESERVE_BYTES`` of our log ahead of the records (see the module docstring).
+
+        Best effort: a file system without fallocate (glibc then writes zeros) or a full one leaves the log
+        growing record by record, which is what it did before. Called with ``_lock`` held (or from __init__)."""
+        try:
+            os.posix_fallocate(self._own_fd, self._own_size, _RESERVE_BYTES)  # type: ignore[arg-type]
+        except OSError:
+            return
+        self._reserved = max(self._reserved, self._own_size + _RESERVE_BYTES)
+
     def _append(self, data: bytes) -> None:
-        """Append one record; on failure (ENOSPC, EIO) cut the log back to its last whole record and go on.
+        """Write one record after the last; on failure (ENOSPC, EIO) zero what was torn and go on.
 
         Never raises: a record that did not reach the log only makes the index a worse hint after a restart
         (a put not logged: the file is invisible until rewritten; a delete not logged: the entry reads as a
         missing file and is dropped), the states the module docstring allows. A torn record mid-log would hide
-        every later one, hence the cut. Called with ``_lock`` held."""
+        every later one, hence the zeroing (or the cut, past the reserve). Called with ``_lock`` held."""
         try:
-            n = os.write(self._own_fd, data)  # type: ignore[arg-type]
+            n = os.pwrite(self._own_fd, data, self._own_size)  # type: ignore[arg-type]
             if n == len(data):
                 self._own_size += n
+                if self._reserved - self._own_size < _RESERVE_BYTES // 4:
+                    self._reserve()
                 return
             err: OSError = OSError(28, "short append")
         except OSError as exc:
             err = exc
         self.append_errors += 1
         try:
-            os.ftruncate(self._own_fd, self._own_size)  # type: ignore[arg-type]
+            if self._own_size + len(data) <= self._reserved:
+                os.pwrite(self._own_fd, bytes(len(data)), self._own_size)  # type: ignore[arg-type]
+            else:
+                os.ftruncate(self._own_fd, self._own_size)  # type: ignore[arg-type]
         except OSError:
             pass
         if self.append_errors in (1, 10, 100) or self.append_errors % 1000 == 0:
@@ -215,10 +240,14 @@ class TierIndex:
             fd, self._own_fd = self._own_fd, None
         if fd is None:
             return
+        try:
+            os.ftruncate(fd, self._own_size)  # the unused reserve goes
+        except OSError:
+            pass
         os.close(fd)
         own = self.folder / self._own_name
         try:
-            if own.stat().st_size == 0:
+            if self._own_size == 0 or own.stat().st_size == 0:
                 own.unlink()
             else:
                 own.rename(own.with_suffix(".closed"))
