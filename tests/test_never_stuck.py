@@ -116,3 +116,48 @@ def test_flush_returns_while_a_tier_cannot_create_files(disk_tmp):
             shared.create_temp = real_create
         assert s.drain(timeout=10)
         assert all(shared.contains(bytes([i]) * 16) for i in range(4))
+
+
+def test_close_returns_within_its_timeout_while_a_tier_is_stalled_and_names_it(disk_tmp):
+    """A device that holds every write for 4 s: close(timeout) returns after about the timeout, reports the
+    stalled tier, and the tier's rings are closed in the background once the writes complete (their buffers
+    stay owned by the ring until then). Without the timeout, close waited for the device."""
+    from kvstream.io.engine import make_engine
+    from kvstream.io.faults import Fault, FaultPlan, FaultyEngine
+
+    plan = FaultPlan(seed=1)
+    plan.add(Fault(kind="delay", rings="shared-w", delay_s=4.0))
+    s = kvstream.open_store(cfg_for(disk_tmp), engine=FaultyEngine(make_engine("threads"), plan))
+    for i in range(4):
+        s.put(bytes([i]) * 16, b"y" * 50_000)
+    t0 = time.monotonic()
+    report = s.close(timeout=0.3)
+    took = time.monotonic() - t0
+    assert took < 2.0, f"close took {took:.2f} s with a 0.3 s timeout"
+    assert not report and not report.drained and report.stuck_tiers == ("shared",)
+    assert s.close() is not None and bool(s.close())  # idempotent: a second close has nothing left to do
+    deadline = time.monotonic() + 10
+    while s.tiers[1].write_ring.inflight() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert s.tiers[1].write_ring.inflight() == 0
+    with kvstream.open_store(cfg_for(disk_tmp)) as again:  # the local copies were written and are served
+        assert again.lookup([bytes([i]) * 16 for i in range(4)]) == 4
+
+
+def test_close_on_a_tier_whose_file_system_died_reports_it_and_still_closes_the_others(disk_tmp, caplog):
+    import errno
+
+    s = kvstream.open_store(cfg_for(disk_tmp))
+    s.put(b"k" * 16, b"z" * 10_000)
+    dead = s.tiers[0]
+    real_close = dead.index.close
+
+    def eio() -> None:
+        real_close()
+        raise OSError(errno.EIO, "Input/output error")
+
+    dead.index.close = eio
+    report = s.close()
+    assert not report and report.drained and len(report.errors) == 1 and "local" in report.errors[0]
+    assert s.tiers[1].index._own_fd is None  # the shared tier was closed all the same
+    assert any("close failed" in r.getMessage() for r in caplog.records)

@@ -15,7 +15,7 @@ from kvstream.errors import (
 )
 from kvstream.format import ChunkMeta
 from kvstream.keys import ChunkKeyer, KeyNamespace
-from kvstream.store import Chunk, Store, open_store
+from kvstream.store import Chunk, CloseReport, Store, open_store
 
 __version__ = "0.1.0"
 
@@ -23,6 +23,7 @@ __all__ = [
     "open_store",
     "Store",
     "Chunk",
+    "CloseReport",
     "StoreConfig",
     "TierConfig",
     "ChunkMeta",

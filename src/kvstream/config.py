@@ -21,10 +21,12 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +43,7 @@ _UNITS = {
     "g": 1024**3, "gb": 1000**3, "gib": 1024**3,
     "t": 1024**4, "tb": 1000**4, "tib": 1024**4,
 }
+_MAX_SIZE = (1 << 63) - 1  # off_t: no file, offset or capacity can be larger
 _SIZE_RE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([a-zA-Z]*)\s*$")
 
 
@@ -54,13 +57,18 @@ def parse_size(value: Any, field_name: str) -> int:
     elif isinstance(value, float) and value.is_integer():
         n = int(value)
     elif isinstance(value, str) and (m := _SIZE_RE.match(value)) and m.group(2).lower() in _UNITS:
-        n = int(float(m.group(1)) * _UNITS[m.group(2).lower()])
-        if float(m.group(1)) * _UNITS[m.group(2).lower()] != n:
+        exact = Fraction(m.group(1)) * _UNITS[m.group(2).lower()]  # exact: a 400-digit size must not overflow
+        if exact > _MAX_SIZE:
+            raise ConfigError(field_name, f"{value!r} is beyond what this platform can address (at most {_MAX_SIZE} B)")
+        n = int(exact)
+        if exact != n:
             raise ConfigError(field_name, f"must be a whole number of bytes, got {value!r}")
     else:
         raise ConfigError(field_name, f"expected a size such as 4096, '512MiB' or '2GB', got {value!r}")
     if n < 0:
         raise ConfigError(field_name, f"must not be negative, got {value!r}")
+    if n > _MAX_SIZE:
+        raise ConfigError(field_name, f"{value!r} is beyond what this platform can address (at most {_MAX_SIZE} B)")
     return n
 
 
@@ -85,6 +93,9 @@ def _did_you_mean(value: str, known: list[str]) -> str:
 def _suggest(key: str, known: list[str]) -> str:
     close = difflib.get_close_matches(key, known, n=1)
     return f"; did you mean '{close[0]}'?" if close else f"; known keys: {', '.join(sorted(known))}"
+
+
+_NODE_ID_RE = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -125,6 +136,9 @@ class StoreConfig:
     # "fixed": every tier keeps its read_inflight_bytes.
     read_windows: str = "balanced"
     node_id: str = field(default_factory=lambda: os.uname().nodename)
+    # close() waits this long for writes still in flight; past it, a stalled tier is closed in the background
+    # and close() reports it (None: wait for ever).
+    close_timeout_s: float | None = 60.0
 
     # -- construction ---------------------------------------------------------------------------------------
     @classmethod
@@ -194,8 +208,26 @@ class StoreConfig:
                                       f"{t.capacity_bytes} B is below one chunk ({need} B on storage)")
             if self.memory_bytes < need:
                 raise ConfigError("memory_bytes", f"{self.memory_bytes} B is below one chunk ({need} B)")
-        if self.hedge_after_s is not None and self.hedge_after_s <= 0:
-            raise ConfigError("hedge_after_s", "must be positive (or null to turn hedging off)")
+        if self.close_timeout_s is not None and not (0 <= self.close_timeout_s < math.inf):
+            raise ConfigError("close_timeout_s", f"must be a number of seconds >= 0 (or null to wait for ever), "
+                                                 f"got {self.close_timeout_s}")
+        if self.hedge_after_s is not None and not (0 < self.hedge_after_s < math.inf):
+            raise ConfigError("hedge_after_s", f"must be a positive number of seconds (or null to turn hedging off), "
+                                               f"got {self.hedge_after_s}")
+        if not _NODE_ID_RE.fullmatch(self.node_id) or self.node_id in (".", ".."):
+            raise ConfigError("node_id", f"must be 1-64 letters, digits or _.- (it names files on shared tiers), "
+                                         f"got {self.node_id[:80]!r}")
+        for i, t in enumerate(self.tiers):
+            for fname in ("read_inflight_bytes", "write_inflight_bytes"):
+                if getattr(t, fname) < 4096:
+                    raise ConfigError(f"tiers[{i}].{fname}", f"must be at least 4096 B (one read or write must fit), "
+                                                             f"got {getattr(t, fname)}")
+            for j in range(i):
+                a, b = Path(self.tiers[j].path), Path(t.path)
+                if a == b or a in b.parents or b in a.parents:
+                    raise ConfigError(f"tiers[{i}].path", f"{t.path} is {'the same folder as' if a == b else 'nested with'} "
+                                                          f"tiers[{j}].path {self.tiers[j].path}: each tier needs its own "
+                                                          "folder, or 'full' replication keeps one file for two copies")
         # Parse the policy specs now so a typo fails at open, naming the field.
         from kvstream.io.engine import make_engine  # noqa: F401  (import check only)
         from kvstream.replication import parse_replication
@@ -262,6 +294,8 @@ FIELD_DOCS: dict[str, str] = {
     "StoreConfig.read_windows": "`balanced`: size each tier's read window by its measured speed so all drain "
                                 "together; `fixed`: every tier keeps its `read_inflight_bytes`",
     "StoreConfig.node_id": "this node's name in shared tiers' index logs",
+    "StoreConfig.close_timeout_s": "how long close() waits for writes in flight; a stalled tier past it is closed "
+                                   "in the background and named in close()'s report (null: wait for ever)",
 }
 
 
@@ -353,6 +387,8 @@ def _coerce(cls: type, key: str, value: Any, field_name: str) -> Any:
             raise ConfigError(field_name, f"expected an integer, got {value!r}")
         if value < 1:
             raise ConfigError(field_name, f"must be at least 1, got {value}")
+        if value > 32768:  # ring depths: the kernel caps io_uring entries at 32768
+            raise ConfigError(field_name, f"must be at most 32768, got {value}")
         return value
     if ftype in ("bool", bool):
         if not isinstance(value, bool):
@@ -363,7 +399,13 @@ def _coerce(cls: type, key: str, value: Any, field_name: str) -> Any:
             return None
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ConfigError(field_name, f"expected a number, got {value!r}")
-        return float(value)
+        try:
+            number = float(value)
+        except OverflowError:  # an int with hundreds of digits
+            raise ConfigError(field_name, f"must be a finite number, got {value!r}") from None
+        if not math.isfinite(number):
+            raise ConfigError(field_name, f"must be a finite number, got {value!r}")
+        return number
     if not isinstance(value, str):
         raise ConfigError(field_name, f"expected a string, got {value!r}")
     return value
@@ -385,6 +427,8 @@ def _tier_from_dict(raw: Any, prefix: str, base_dir: Path | None) -> TierConfig:
     path = kw["path"]
     if not path:
         raise ConfigError(f"{prefix}.path", "must not be empty")
+    if "\0" in path:
+        raise ConfigError(f"{prefix}.path", f"contains a NUL character: {path!r}")
     if not os.path.isabs(path):
         if base_dir is None:
             raise ConfigError(f"{prefix}.path", f"must be an absolute path, got {path!r} "

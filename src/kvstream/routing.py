@@ -9,7 +9,8 @@ a small state machine the driver (the real engine or the simulator) runs with th
     sched.on_failed(t, i)                    # tier t could not deliver i (EIO, bad checksum): retry elsewhere
     sched.on_dropped(t, i)                   # tier t's read of i was dropped unissued (i was delivered meanwhile)
     sched.hedge(t, stuck) -> [i, ...]        # a read is past its deadline elsewhere: may t read it too?
-    sched.finished / sched.lost()            # every chunk landed or is unrecoverable
+    sched.take_for_compute(i) -> bool        # the GPU recomputes chunk i instead (only if no tier claimed it)
+    sched.finished / sched.lost()            # every chunk landed, is recomputed, or is unrecoverable
 
 The driver decides *when* a tier has room (bytes in flight under its budget); the schedule decides *what* it
 reads. Chunk indices are the caller's own (positions in the list it passed); the schedule reorders internally.
@@ -37,8 +38,16 @@ Fixed split and single tier (the baselines) assign every chunk to one tier up fr
 ``ratio`` share of the ordered list to tier 0, the rest to tier 1, ...), never steal, and move a chunk to another
 holder only if its tier fails it or does not hold it.
 
+Compute joins the meeting (``router.schedule(holders, n, front=m)``): the GPU may recompute the step's first
+chunks instead of reading them (:mod:`kvstream.compute`). It takes chunks from the front of the list, in order,
+through :meth:`ReadSchedule.take_for_compute`, which succeeds only for a chunk no tier has claimed; such a chunk
+is never read. ``front`` (the policy's estimate of where compute and the tiers will meet) moves the tiers'
+homes behind it: with meet in the middle, tier 0 starts at ``front`` and walks both ways (toward compute and
+toward the back tier), the last tier at the back; a single tier reads from the back. The meeting points then
+follow the sources' real speeds, as between two tiers. ``front=0`` is the plain schedule, unchanged.
+
 Invariants (tested with hypothesis): every chunk is either delivered exactly once (one ``True`` from
-``on_landed``) or reported lost; a chunk is claimed by two tiers only after no unclaimed chunk is left for the
+``on_landed``), taken for compute (and then never claimed by a tier), or reported lost; a chunk is claimed by two tiers only after no unclaimed chunk is left for the
 second; a tier is only ever given chunks it holds.
 """
 
@@ -126,6 +135,20 @@ class ReadSchedule(ABC):
     @abstractmethod
     def next_claim(self, tier: int) -> list[int]:
         """Chunks tier ``tier`` should read next (it holds all of them); ``[]`` if none right now."""
+
+    def take_for_compute(self, i: int) -> bool:
+        """The GPU recomputes chunk ``i`` instead of a tier reading it: True if no tier has claimed it (nor is it
+        done or waiting for a retry); from then on no tier is given it and it counts as finished here (the read
+        step resolves it when the compute ends). False: a tier has it; compute and the tiers have met."""
+        if self._done[i] or self._copies[i] or self._failed_by[i]:
+            return False
+        self._done[i] = True
+        self._remaining -= 1
+        self._mark_taken(i)
+        return True
+
+    def _mark_taken(self, i: int) -> None:
+        """Hook: a schedule with its own claim bookkeeping marks chunk ``i`` as gone (taken for compute)."""
 
     def peek(self, tier: int, n: int) -> list[int]:
         """Up to ``n`` chunks that ``next_claim(tier)`` would hand out next if nothing else happened meanwhile
@@ -227,12 +250,15 @@ class ReadRouter(ABC):
     name: str = "abstract"
 
     @abstractmethod
-    def schedule(self, holders: Sequence[Collection[int]], n_tiers: int) -> ReadSchedule: ...
+    def schedule(self, holders: Sequence[Collection[int]], n_tiers: int, *, front: int = 0) -> ReadSchedule:
+        """A schedule for one step. ``front``: chunks at the head of the list the GPU is expected to recompute
+        (see the module docstring); schedules that assign by position ignore it."""
 
 
 # ---------------------------------------------------------------------------------------------------------
 class _MitmSchedule(ReadSchedule):
-    def __init__(self, holders: Sequence[Collection[int]], n_tiers: int, batch: int, steal: bool) -> None:
+    def __init__(self, holders: Sequence[Collection[int]], n_tiers: int, batch: int, steal: bool,
+                 front: int = 0) -> None:
         super().__init__(holders, n_tiers)
         self.batch = batch
         self.steal = steal
@@ -240,10 +266,20 @@ class _MitmSchedule(ReadSchedule):
         self._pos = {c: p for p, c in enumerate(self._order)}
         self._claimed = [False] * self.n  # by position
         n = self.n
-        self._home = [max(0, round(k * (n - 1) / (n_tiers - 1))) if n_tiers > 1 else 0 for k in range(n_tiers)]
+        front = min(max(front, 0), max(n - 1, 0))
+        if front and n_tiers == 1:
+            self._home = [n - 1]  # compute takes the front: the one tier reads from the back toward it
+        else:
+            # Homes spread over [front, n-1]: tier 0 at the expected meeting point with compute (walking both
+            # ways, so a wrong estimate only moves the meeting), the last tier at the back.
+            self._home = [max(0, front + round(k * (n - 1 - front) / (n_tiers - 1))) if n_tiers > 1 else 0
+                          for k in range(n_tiers)]
         # Two cursors per tier: lo walks toward the front, hi toward the back; both start at home.
         self._lo = [h - 1 for h in self._home]
         self._hi = list(self._home)
+
+    def _mark_taken(self, i: int) -> None:
+        self._claimed[self._pos[i]] = True
 
     def _nearest(self, tier: int, lo: int, hi: int) -> tuple[int | None, int, int]:
         """From cursors ``lo`` / ``hi``: the position of the nearest unclaimed chunk this tier holds (None if
@@ -334,8 +370,8 @@ class MeetInTheMiddle(ReadRouter):
         if self.batch < 1:
             raise ValueError(f"MeetInTheMiddle batch must be >= 1, got {self.batch}")
 
-    def schedule(self, holders: Sequence[Collection[int]], n_tiers: int) -> ReadSchedule:
-        return _MitmSchedule(holders, n_tiers, self.batch, self.steal)
+    def schedule(self, holders: Sequence[Collection[int]], n_tiers: int, *, front: int = 0) -> ReadSchedule:
+        return _MitmSchedule(holders, n_tiers, self.batch, self.steal, front)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -400,8 +436,8 @@ class FixedSplit(ReadRouter):
     name: str = field(default="fixed", init=False)
 
     def __post_init__(self) -> None:
-        if not self.ratios or any(r < 0 for r in self.ratios) or sum(self.ratios) > 1 + 1e-9:
-            raise ValueError(f"FixedSplit ratios must be non-negative and sum to at most 1, got {self.ratios}")
+        if not self.ratios or not all(0 <= r <= 1 for r in self.ratios) or sum(self.ratios) > 1 + 1e-9:  # NaN fails too
+            raise ValueError(f"FixedSplit ratios must each be in [0, 1] and sum to at most 1, got {self.ratios}")
 
     def shares(self, n_tiers: int) -> list[float]:
         given = list(self.ratios)[:n_tiers]
@@ -410,7 +446,7 @@ class FixedSplit(ReadRouter):
             given += [rest / (n_tiers - len(given))] * (n_tiers - len(given))
         return given
 
-    def schedule(self, holders: Sequence[Collection[int]], n_tiers: int) -> ReadSchedule:
+    def schedule(self, holders: Sequence[Collection[int]], n_tiers: int, *, front: int = 0) -> ReadSchedule:
         order = order_for_tiers([frozenset(h) for h in holders], n_tiers)
         counts = _split_counts(len(order), self.shares(n_tiers)) if order else [0] * n_tiers
         assign = [0] * len(order)
@@ -430,7 +466,7 @@ class SingleTier(ReadRouter):
     batch: int = 1
     name: str = field(default="single", init=False)
 
-    def schedule(self, holders: Sequence[Collection[int]], n_tiers: int) -> ReadSchedule:
+    def schedule(self, holders: Sequence[Collection[int]], n_tiers: int, *, front: int = 0) -> ReadSchedule:
         if not 0 <= self.tier < n_tiers:
             raise ValueError(f"SingleTier tier {self.tier} out of range 0..{n_tiers - 1}")
         return _StaticSchedule(holders, n_tiers, self.batch, [self.tier] * len(holders))

@@ -56,7 +56,19 @@ from kvstream.writer import Writer
 from kvstream.tiers.files import DirectoryTier
 from kvstream.tiers.memory import HostMemoryTier, MemEntry
 
-__all__ = ["Store", "Chunk", "ReadIntoResult", "open_store"]
+__all__ = ["Store", "Chunk", "CloseReport", "ReadIntoResult", "open_store"]
+
+
+@dataclass(frozen=True, slots=True)
+class CloseReport:
+    """What :meth:`Store.close` could not finish. True when everything was written and closed."""
+
+    drained: bool  # every write finished before the timeout
+    stuck_tiers: tuple[str, ...] = ()  # tiers with I/O still in flight: closed in the background when it ends
+    errors: tuple[str, ...] = ()  # tiers that failed to close (logged)
+
+    def __bool__(self) -> bool:
+        return self.drained and not self.stuck_tiers and not self.errors
 
 log = logging.getLogger("kvstream.store")
 
@@ -95,6 +107,8 @@ def _as_bytes_view(payload: Any) -> tuple[memoryview, ChunkMeta | None]:
     dtype = getattr(payload, "dtype", None)
     shape = getattr(payload, "shape", None)
     if dtype is not None and shape is not None and hasattr(payload, "__array_interface__"):
+        if getattr(dtype, "hasobject", False):  # its bytes are pointers into this process: not KV
+            raise UsageError(f"put payload holds Python objects (dtype {dtype}); pass numeric data")
         meta = ChunkMeta(dtype=str(dtype), shape=tuple(int(d) for d in shape), fmt="raw")
     try:
         view = memoryview(payload)
@@ -153,17 +167,53 @@ class Store:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def close(self) -> None:
-        """Flush buffered puts, wait for every write to finish, release rings and index logs. Idempotent."""
+    def close(self, timeout: float | None = None) -> "CloseReport":
+        """Flush buffered puts, wait (at most ``timeout`` s; default ``config.close_timeout_s``) for every write to
+        finish, release rings and index logs. Idempotent; never raises for a failing tier.
+
+        A tier whose writes or reads are still in flight when the time is up (a stalled device) is not waited
+        for: its rings still own the buffers the kernel writes from, so a daemon thread closes them once they
+        drain, and the report names the tier (its unfinished copies are not on it). A tier that fails to close
+        (EIO from a dead file system) is logged and named in the report; the other tiers still close."""
         if self._closed:
-            return
+            return CloseReport(drained=True)
+        if timeout is None:
+            timeout = self.config.close_timeout_s
         self.flush()
-        self.drain()
+        drained = self.drain(timeout)
         self._closed = True
-        self._writer.close()
+        self._writer.close(wait=drained)
         self._reader.close()
+        stuck: list[str] = []
+        errors: list[str] = []
         for t in self.tiers:
+            if t.write_ring.inflight() or t.read_ring.inflight():
+                stuck.append(t.name)
+                threading.Thread(target=self._close_tier_when_idle, args=(t,), name=f"kvs-close-{t.name}",
+                                 daemon=True).start()
+                continue
+            if (err := self._close_tier(t)) is not None:
+                errors.append(err)
+        if stuck:
+            log.warning("close: tier(s) %s still had I/O in flight after %.1f s (a stalled device?); their "
+                        "unfinished copies are not written there, and their rings close once it completes",
+                        ", ".join(stuck), timeout if timeout is not None else 0.0)
+        return CloseReport(drained=drained and not stuck, stuck_tiers=tuple(stuck), errors=tuple(errors))
+
+    @staticmethod
+    def _close_tier(t: DirectoryTier) -> str | None:
+        try:
             t.close()
+        except OSError as exc:
+            msg = f"tier {t.name}: close failed: {exc.strerror or exc}"
+            log.warning("%s; its index log may lack the last records (`kvstream verify --repair` rebuilds it)", msg)
+            return msg
+        return None
+
+    def _close_tier_when_idle(self, t: DirectoryTier) -> None:
+        t.write_ring.drain()
+        t.read_ring.drain()
+        self._close_tier(t)
 
     def _check_open(self) -> None:
         if self._closed:

@@ -64,11 +64,12 @@ class Writer:
         self._writers = [ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"kvs-write-{t.name}")
                          for t in store.tiers]
 
-    def close(self) -> None:
-        """After :meth:`drain`: let the writer and publisher threads end."""
+    def close(self, *, wait: bool = True) -> None:
+        """After :meth:`drain`: let the writer and publisher threads end (``wait=False``: a drain timed out on a
+        stalled tier; do not wait for a writer thread blocked on it, it ends when its write does)."""
         for w in self._writers:
-            w.shutdown(wait=True)
-        self._publisher.shutdown(wait=True)
+            w.shutdown(wait=wait, cancel_futures=not wait)
+        self._publisher.shutdown(wait=wait)
 
     def backlog(self, t: int) -> int:
         return self._write_backlog[t]
