@@ -48,6 +48,8 @@ def test_reads_records_and_derives_history(tmp_path: Path) -> None:
         ("1 0 10 10 0\n1 5 10 10 2\n", 3, "round 2 follows round 0"),
         ("1 0 10 10 0\n2 3 10 10 1\n", 3, "starts at round 1"),
         ("1 10 10 10 0\n1 5 10 10 1\n", 3, "before its previous round"),
+        ("1 0 10 10 0\n1 9000000000000000000 10 10 1\n", 3, "'time_stamp' is 9000000000000000000 s, beyond physical"),
+        ("1 0 1125899906842624 10 0\n", 2, "'query_length' is 1125899906842624 tokens, beyond physical"),
     ],
 )
 def test_malformed_line_names_file_and_line(tmp_path: Path, body: str, line: int, message: str) -> None:

@@ -304,16 +304,17 @@ def test_bidaw_reader_reports_a_value_beyond_64_bits_as_a_bad_line(tmp_path):
 
 
 def test_bidaw_reader_reports_a_user_history_beyond_64_bits_as_a_bad_line(tmp_path):
-    """Each value fits int64 but a user's running total does not: the int64 history sum would wrap silently."""
+    """Each value fits int64 but a user's running total would not (the int64 history sum would wrap silently):
+    such a value is refused at its own line, as beyond physical sense, before any sum."""
     from kvstream.workload.bidaw import read_bidaw_trace
 
     big = 2**62
     p = tmp_path / "t.txt"
     p.write_text("user_id time_stamp(seconds) query_length response_length round_index\n"
-                 f"1 0 {big} 0 0\n2 0 1 1 0\n1 1 {big} 0 1\n")
-    with pytest.raises(InputFormatError, match="user 1: .* beyond 64 bits") as err:
+                 f"2 0 1 1 0\n1 0 {big} 0 0\n1 1 {big} 0 1\n")
+    with pytest.raises(InputFormatError, match="'query_length' is .* beyond physical sense") as err:
         read_bidaw_trace(p)
-    assert err.value.line == 4
+    assert err.value.line == 3
 
 
 @pytest.mark.parametrize("number,match", [("1" + "0" * 400, "beyond 64 bits"), (str(2**63), "beyond 64 bits"),

@@ -66,6 +66,10 @@ def test_mooncake_trailing_partial_block():
         ('{"timestamp": -5, "input_length": 10, "output_length": 1, "hash_ids": [1]}', "must not be negative"),
         ('{"timestamp": 0, "input_length": "10", "output_length": 1, "hash_ids": [1]}', "must be an integer"),
         ('{"timestamp": 0, "input_length": 10, "output_length": 1, "hash_ids": ["a"]}', "list of integers"),
+        ('{"timestamp": 9000000000000000000, "input_length": 10, "output_length": 1, "hash_ids": [1]}',
+         "'timestamp' is 9000000000000000000 ms, beyond physical sense"),
+        ('{"timestamp": 5, "input_length": 10, "output_length": 9000000000000000000, "hash_ids": [1]}',
+         "'output_length' is 9000000000000000000 tokens, beyond physical sense"),
     ],
 )
 def test_mooncake_rejects_malformed_lines_with_file_and_line(tmp_path, line, msg):

@@ -33,7 +33,7 @@ from pathlib import Path
 import numpy as np
 
 from kvstream.errors import InputFormatError
-from kvstream.workload.text import check_utf8
+from kvstream.workload.text import MAX_ROUNDS, MAX_TOKENS, MAX_TRACE_SECONDS, check_physical, check_utf8
 from kvstream.workload.request import CHUNK_TOKENS, Request
 
 __all__ = [
@@ -75,6 +75,10 @@ def _parse_line(path: str, line_no: int, text: str) -> tuple[int, int, int, int,
         raise InputFormatError(path, line_no, f"negative value in {text.strip()!r}")
     if max(user, ts, q, r, rnd) > _INT_MAX or user < -_INT_MAX - 1:
         raise InputFormatError(path, line_no, f"value beyond 64 bits (must be < 2**63) in {text.strip()!r}")
+    check_physical(path, line_no, "time_stamp", ts, MAX_TRACE_SECONDS, "s")
+    check_physical(path, line_no, "query_length", q, MAX_TOKENS, "tokens")
+    check_physical(path, line_no, "response_length", r, MAX_TOKENS, "tokens")
+    check_physical(path, line_no, "round_index", rnd, MAX_ROUNDS, "rounds")
     return user, ts, q, r, rnd
 
 
@@ -124,8 +128,9 @@ def _check_order(
     path: str, line_no: int, last: dict[int, tuple[int, int, int]], user: int, ts: int, rnd: int, tokens: int
 ) -> None:
     """Check a line against its user's previous one; ``last`` maps user -> (round, time, query + response
-    tokens over its rounds so far) and is updated. The token total is bounded because ``_derive`` sums it in
-    int64, where an overflow would wrap silently into a wrong history instead of raising."""
+    tokens over its rounds so far) and is updated. ``_derive`` sums the tokens in int64, where an overflow would
+    wrap silently: the per-line bounds (``MAX_TOKENS`` per field, ``MAX_ROUNDS`` rounds) keep a total under
+    2**45, and the check below says so should those bounds ever be raised."""
     prev = last.get(user)
     total = tokens
     if prev is None:

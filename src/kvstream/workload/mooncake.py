@@ -28,7 +28,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from kvstream.errors import InputFormatError
-from kvstream.workload.text import check_utf8
+from kvstream.workload.text import MAX_TOKENS, MAX_TRACE_SECONDS, check_physical, check_utf8
 from kvstream.workload.request import CHUNK_TOKENS, Request
 
 __all__ = ["BLOCK_TOKENS", "ChunkInterner", "iter_mooncake", "read_mooncake"]
@@ -127,6 +127,9 @@ def iter_mooncake(
             ts = _int_field(obj, "timestamp", p, lineno)
             n_in = _int_field(obj, "input_length", p, lineno)
             n_out = _int_field(obj, "output_length", p, lineno)
+            check_physical(p, lineno, "timestamp", ts, MAX_TRACE_SECONDS * 1000, "ms")
+            check_physical(p, lineno, "input_length", n_in, MAX_TOKENS, "tokens")
+            check_physical(p, lineno, "output_length", n_out, MAX_TOKENS, "tokens")
             hids = obj["hash_ids"]
             if not isinstance(hids, list) or any(isinstance(h, bool) or not isinstance(h, int) for h in hids):
                 raise InputFormatError(p, lineno, "field 'hash_ids' must be a list of integers")
