@@ -2,12 +2,13 @@
 # Create .venv (if needed) and install kvstream with the extras a task needs.
 #   scripts/setup.sh main   core + plots + study (what `kvstream replay` and the studies need) (what `kvstream replay` needs)
 #   scripts/setup.sh test   everything the test suite needs: + pytest/hypothesis, torch 2.13.0 (CPU), LMCache 0.5.6
+#   scripts/setup.sh dfs    (root) GlusterFS, Ceph and xfsprogs from apt for the root suites, if missing
 # Idempotent: a second run only checks that everything is installed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 what="${1:-main}"
 PY="${PYTHON:-python3}"
-if [ ! -x .venv/bin/python ]; then
+if [ "$what" != dfs ] && [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv
   .venv/bin/python -m pip install -q --upgrade pip
 fi
@@ -25,8 +26,31 @@ case "$what" in
     # (its import-time needs are the [lmcache] extra above).
     pip install -q --no-deps 'lmcache==0.5.6'
     ;;
+  dfs)
+    # The file systems of the multi-node suite (tests/test_dfs_multinode.py, bench/dfs): GlusterFS and Ceph,
+    # from the distribution. Root only (the suite needs root anyway and skips without it); installs only what
+    # is missing, so a second run costs one dpkg-query. No daemon is started here: the tests start their own,
+    # in network namespaces, and stop them.
+    if [ "$(id -u)" -ne 0 ]; then
+      echo "scripts/setup.sh dfs: not root, nothing installed (the dfs tests skip without root)" >&2
+      exit 0
+    fi
+    installed() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q "install ok installed"; }
+    plain=(); norec=()
+    # xfsprogs and util-linux: the fault suite's XFS shutdown and fsfreeze drills (tests/test_fault_suite_root.py).
+    for p in glusterfs-server glusterfs-client xfsprogs; do installed "$p" || plain+=("$p"); done
+    command -v ip >/dev/null || plain+=(iproute2)
+    # Ceph without recommends: those pull in hundreds of MB (dashboards, python stacks) the tests never use.
+    for p in ceph-mon ceph-osd ceph-mds ceph-mgr ceph-fuse ceph-common; do installed "$p" || norec+=("$p"); done
+    if [ ${#plain[@]} -gt 0 ] || [ ${#norec[@]} -gt 0 ]; then
+      export DEBIAN_FRONTEND=noninteractive
+      apt-get update -q
+      [ ${#plain[@]} -eq 0 ] || apt-get install -y -q "${plain[@]}"
+      [ ${#norec[@]} -eq 0 ] || apt-get install -y -q --no-install-recommends "${norec[@]}"
+    fi
+    ;;
   *)
-    echo "usage: scripts/setup.sh [main|test]" >&2
+    echo "usage: scripts/setup.sh [main|test|dfs]" >&2
     exit 2
     ;;
 esac

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import shutil
 import subprocess
 import sys
 import time
@@ -185,6 +186,74 @@ def test_an_unmounted_tier_is_a_tier_failure_and_nothing_on_it_is_lost(disk_tmp)
             check_all(s, keys[:8], size)
             assert s.stats()["tiers"]["local"]["read_chunks"] == 8
         assert not verify_tier(tier).errors
+
+
+# ── a dead file system (XFS shutdown) and a frozen one (fsfreeze) ───────────────────────────────────────────
+
+
+def need_xfs() -> None:
+    need(kernel.missing_loop())
+    for tool in ("mkfs.xfs", "xfs_io"):
+        need(None if shutil.which(tool) else f"{tool} is not installed (apt xfsprogs; scripts/setup.sh installs it)")
+
+
+def test_a_file_system_that_dies_under_a_tier_serves_from_the_other_owes_its_copies_and_closes(disk_tmp):
+    """XFS shutdown: every operation on the tier's file system fails with EIO from then on, as when its disk
+    dies. Reads come from the other replica, new copies to the dead tier are skipped and owed (not silently
+    dropped), puts never wait on it, and close() reports the dead tier instead of raising."""
+    need_xfs()
+    size = 256 << 10
+    keys = make_keys(12)
+    with kernel.loop_fs("xfsdown", 320 << 20, fstype="xfs") as fs:
+        cfg = config(disk_tmp / "local", fs.mountpoint / "tier")  # the shared tier dies; the journal is local
+        s = kvstream.open_store(cfg)
+        write(s, keys[:8], size)
+        assert s.drain(10)
+        fs.shutdown()
+        check_all(s, keys[:8], size)
+        worst = write(s, keys[8:], size)
+        assert s.drain(10) and worst < 1.0
+        st = s.stats()["tiers"]["shared"]
+        assert st["write_errors"] + st["write_skipped_unhealthy"] == 4 and st["replicas_owed"] == 4
+        report = s.close(timeout=5)
+        assert report.drained and not report.stuck_tiers  # nothing hangs on a dead file system
+        with pytest.raises(ConfigError, match=r"tiers\[1\]\.path.*Input/output error"):
+            kvstream.open_store(cfg)  # a dead tier is refused at open, named, never a traceback
+        with kvstream.open_store({**cfg, "tiers": cfg["tiers"][:1]}) as alone:
+            check_all(alone, keys, size)  # every chunk is served from local
+
+
+def test_a_frozen_file_system_never_holds_a_put_and_close_returns_naming_it(disk_tmp):
+    """fsfreeze: creates and writes on the tier block until it is thawed. Puts and flushes return at once,
+    reads are served, and close(timeout) returns after about the timeout naming the frozen tier; its copies
+    land once it thaws (the background closer then closes the tier)."""
+    need(kernel.missing_loop())
+    need(None if shutil.which("fsfreeze") else "fsfreeze is not installed (util-linux)")
+    size = 256 << 10
+    keys = make_keys(8)
+    with kernel.loop_fs("freeze", 64 << 20) as fs:
+        cfg = config(disk_tmp / "local", fs.mountpoint / "tier")
+        s = kvstream.open_store(cfg)
+        write(s, keys[:4], size)
+        assert s.drain(10)
+        fs.freeze()
+        try:
+            worst = write(s, keys[4:], size)
+            assert worst < 1.0, f"a put+flush took {worst:.2f} s on a frozen tier"
+            check_all(s, keys, size)
+            t0 = time.monotonic()
+            report = s.close(timeout=0.5)
+            assert time.monotonic() - t0 < 3.0
+            assert not report and report.stuck_tiers == ("shared",)
+        finally:
+            fs.unfreeze()
+        deadline = time.monotonic() + 10
+        while s.tiers[1].index._own_fd is not None and time.monotonic() < deadline:
+            time.sleep(0.05)  # the background closer finishes once the writes land
+        assert s.tiers[1].index._own_fd is None
+        with kvstream.open_store(cfg) as again:
+            assert all(again.tiers[1].contains(k) for k in keys)  # the frozen copies landed after the thaw
+        assert not verify_tier(fs.mountpoint / "tier").errors
 
 
 # ── EIO from the device ────────────────────────────────────────────────────────────────────────────────────

@@ -634,3 +634,94 @@ def test_per_tier_metrics_in_lmcache_style(disk_tmp):
     assert _metric("lmcache:kvstream_time_to_chunk_count", tier="local") > 0
     assert _metric("lmcache:kvstream_num_written_bytes_total", tier="shared") > 0
     assert _metric("lmcache:kvstream_time_to_get_count", path="sync") > 0
+
+
+def _scrape(model: str) -> dict[str, list[tuple[dict[str, str], float]]]:
+    """What a Prometheus server would read from this process: the text exposition of the default registry,
+    parsed back, keeping the samples of one model's series (sample name -> [(labels, value)])."""
+    from prometheus_client import generate_latest
+    from prometheus_client.parser import text_string_to_metric_families
+
+    out: dict[str, list[tuple[dict[str, str], float]]] = {}
+    for fam in text_string_to_metric_families(generate_latest(REGISTRY).decode()):
+        for s in fam.samples:
+            if s.labels.get("model_name") == model:
+                out.setdefault(s.name, []).append((s.labels, s.value))
+    return out
+
+
+def _value(scrape: dict, name: str, **labels: str) -> float | None:
+    """The sum of the samples of ``name`` with these labels, or None if there is no such series."""
+    hits = [v for lab, v in scrape.get(name, []) if all(lab.get(k) == v for k, v in labels.items())]
+    return sum(hits) if hits else None
+
+
+def test_scraped_metrics_show_capacity_usage_evictions_hits_misses_and_latencies(disk_tmp):
+    """Real traffic through LMCache's StorageManager, then the exposition text a scrape gets: per-tier capacity,
+    used bytes and chunks (published while serving, not only at close), evictions, hits, misses by reason, and
+    read and put latency histograms, each equal to what the store itself counted."""
+    model = "test/metrics-scrape"  # series of their own: counters of other tests in this process do not mix in
+    prefix = "lmcache:kvstream_"
+    extra = {**_tiers(disk_tmp), "kvstream.capacity_bytes": "local=2MiB,shared=256MiB"}  # local holds 3 chunks
+    with manager(extra, metadata=_metadata(model)) as sm:
+        plugin = _plugin(sm)
+        # published when the plugin starts (the first periodic update is a second away)
+        assert _value(_scrape(model), prefix + "capacity_bytes", tier="local") == 2 << 20
+        infos, refs = _chunks(sm, 6 * CHUNK, seed=21)
+        keys = [k for _, _, k in infos]
+        for half in (slice(0, 3), slice(3, 6)):  # the second half's writes evict the first half's from local
+            _put(sm, infos[half], refs[half])
+            _wait_stored(sm, keys[half])
+            plugin.store.flush()
+            assert plugin.store.drain(10.0)
+        got = sm.batched_get(keys, location=PLUGIN)
+        try:
+            assert all(o is not None and torch.equal(o.tensor, r) for o, r in zip(got, refs))
+        finally:
+            _release(got)
+        unknown = [k for _, _, k in _chunks(sm, 2 * CHUNK, seed=22)[0]]
+        assert sm.batched_get(unknown, location=PLUGIN) == [None, None]
+        # The gauges are published once a second on the plugin's writer thread, while it serves.
+        st = plugin.store.stats()
+        deadline = time.monotonic() + 5.0
+        while True:
+            live = _scrape(model)
+            if (_value(live, prefix + "chunks", tier="local") == st["tiers"]["local"]["chunks"]
+                    and _value(live, prefix + "num_evicted_chunks_total", tier="local")):
+                break
+            assert time.monotonic() < deadline, {k: v for k, v in live.items() if "chunks" in k}
+            time.sleep(0.1)
+        assert _value(live, prefix + "capacity_bytes", tier="local") == 2 << 20
+        assert _value(live, prefix + "capacity_bytes", tier="shared") == 256 << 20
+        assert _value(live, prefix + "capacity_bytes", tier="memory") == 16 << 20
+    st = plugin.store.stats()  # final: close() published these too
+    scrape = _scrape(model)
+    tiers = st["tiers"]
+    assert tiers["local"]["evicted_chunks"] >= 3 and tiers["shared"]["evicted_chunks"] == 0
+    for tier in ("local", "shared"):
+        t = tiers[tier]
+        assert _value(scrape, prefix + "used_bytes", tier=tier) == t["used_bytes"]
+        assert _value(scrape, prefix + "chunks", tier=tier) == t["chunks"]
+        assert _value(scrape, prefix + "num_evicted_chunks_total", tier=tier) == t["evicted_chunks"]
+        assert _value(scrape, prefix + "num_evicted_bytes_total", tier=tier) == t["evicted_bytes"]
+        assert _value(scrape, prefix + "num_written_chunks_total", tier=tier) == t["write_chunks"] == 6
+        assert _value(scrape, prefix + "tier_circuit_open", tier=tier) == 0
+    assert tiers["local"]["used_bytes"] <= 2 << 20 and tiers["local"]["chunks"] == 3
+    assert _value(scrape, prefix + "used_bytes", tier="memory") == st["memory"]["used_bytes"]
+    # reads: every chunk a hit (by the tier that served it), two misses, one sync batch read each
+    assert _value(scrape, prefix + "num_hit_chunks_total") == len(keys)
+    assert _value(scrape, prefix + "num_read_bytes_total") == sum(r.numel() * r.element_size() for r in refs)
+    assert _value(scrape, prefix + "num_miss_chunks_total", reason="absent") == 2
+    assert _value(scrape, prefix + "num_miss_chunks_total") == 2
+    assert _value(scrape, prefix + "time_to_get_count", path="sync") == 2
+    assert _value(scrape, prefix + "time_to_get_bucket", path="sync", le="+Inf") == 2
+    assert _value(scrape, prefix + "time_to_chunk_count") == len(keys)
+    assert 0 < _value(scrape, prefix + "time_to_chunk_sum") < 60
+    # writes: six puts timed, none pending
+    assert _value(scrape, prefix + "num_stored_chunks_total") == 6
+    assert _value(scrape, prefix + "time_to_put_count") == 6
+    assert 0 < _value(scrape, prefix + "time_to_put_sum") < 60
+    assert _value(scrape, prefix + "pending_puts") == 0
+    # series that counted nothing are there, at 0 (an alert on rate() needs the series)
+    assert _value(scrape, prefix + "num_write_errors_total", tier="local") == 0
+    assert _value(scrape, prefix + "num_skipped_copies_total", tier="shared", reason="full") == 0

@@ -307,3 +307,21 @@ def test_get_meta_reads_headers_from_the_other_replica_when_a_tier_stalls(disk_t
     finally:
         engine.release_stalls()
         s.close()
+
+
+def test_read_into_hands_its_access_metadata_to_host_memory_eviction(disk_tmp):
+    """``metas=`` reaches the host-memory policy as with read_chunks (hit-potential eviction needs the session
+    and answer length of chunks read back from disk); a length mismatch is a UsageError."""
+    from kvstream.eviction import AccessMeta
+
+    cfg = config(disk_tmp, memory_eviction="hit-potential")
+    data, keys = stored(cfg, 3)
+    metas = [AccessMeta(session=f"s{i}", prev_answer_tokens=10 * i) for i in range(3)]
+    with kvstream.open_store(cfg) as s:
+        targets = [bytearray(len(data[k]) + 1) for k in keys]  # unaligned: read through pooled buffers, kept
+        got = dict(s.read_into(keys, targets, metas=metas))
+        assert all(r.ok and r.source != "memory" for r in got.values())
+        kept = {k: s.memory.peek(k) for k in keys}
+        assert all(e is not None and e.access == m for (k, e), m in zip(kept.items(), metas))
+        with pytest.raises(kvstream.UsageError, match="3 keys but 2 metas"):
+            list(s.read_into(keys, targets, metas=metas[:2]))

@@ -341,7 +341,7 @@ def test_store_backend_tells_eviction_each_chunks_session_turn_and_position():
     class Store:
         memory: set = set()
 
-        def read_chunks(self, keys, *, metas=None):
+        def read_chunks(self, keys, *, metas=None, compute=None):
             self.metas = list(metas)
             return iter([(i, None) for i in range(len(keys))])
 

@@ -299,3 +299,58 @@ def test_bidaw_ready_request_whose_host_kv_was_evicted_goes_back_to_preparing():
     loads = [a for a in acts if isinstance(a, StartLoad)]
     assert [(ld.background, ld.items[0][0]) for ld in loads] == [(True, 1)]
     assert core.scheduler.state_of(1) is RequestState.LOADING
+
+
+# -- compute joins the meet-in-the-middle ------------------------------------------------------------------------
+class _ComputeCost:
+    """LinearCost plus what compute needs: a recompute cost growing with position and a host->GPU cost."""
+
+    kv_bytes_per_token = 1
+    kv_capacity_bytes = 10**9
+
+    def step_time_agg(self, prefills, n_dec, sum_ctx):
+        if not prefills and not n_dec:
+            return 0.0
+        return 0.1 + 0.001 * sum(n for n, _ in prefills) + 0.01 * n_dec
+
+    def host_load_s(self, nbytes):
+        return 0.01 * nbytes  # 10 ms a chunk (chunk_bytes=1)
+
+    def recompute_chunk_s(self, context, chunk_tokens=256):
+        return 0.001 * (1 + context / 256)
+
+
+def test_a_recomputed_front_is_on_the_gpu_not_pinned_and_not_prefilled_again():
+    from kvstream.serving.core import LoadDone, ReleaseChunks
+
+    r = req(0, 0.0, 1024 + 10)  # 4 chunks on disk, 10 tokens to compute
+    store = set(r.chunk_ids)
+
+    def lookup(ids):
+        n = next((i for i, c in enumerate(ids) if c not in store), len(ids))
+        return n, 0
+
+    core = ServingCore(_ComputeCost(), lookup, ServingConfig(compute=True), chunk_bytes=1)
+    (load,) = [a for a in core.handle(Arrival(request=r), 0.0) if isinstance(a, StartLoad)]
+    assert load.compute_s == ((0.001, 0.002, 0.003, 0.004),)  # its position's prefill cost, in prefix order
+    acts = core.handle(LoadDone(load_id=load.load_id, available=((0, 4),), computed=((0, 2),)), 0.5)
+    (step,) = [a for a in acts if isinstance(a, StartStep)]
+    # prefill of the 10 new tokens only (the 2 recomputed chunks are cached on the GPU), host->GPU of 2 chunks
+    assert step.duration == pytest.approx(0.1 + 0.010 + 2 * 0.01)
+    acts = core.handle(StepDone(step_id=step.step_id), 0.5 + step.duration)
+    released = [c for a in acts if isinstance(a, ReleaseChunks) for c in a.chunk_ids]
+    assert released == list(r.chunk_ids[2:4])  # only what the load pinned in host memory
+    rec = core.metrics.requests[0]
+    assert (rec.computed_chunks, rec.disk_chunks) == (2, 2)
+    assert not [a for a in acts if isinstance(a, WriteChunks)]  # recomputed chunks are stored already
+
+
+def test_compute_off_sends_no_costs_and_a_bad_count_is_refused():
+    from kvstream.serving.core import LoadDone
+
+    r = req(0, 0.0, 1024)
+    core = ServingCore(_ComputeCost(), lambda ids: (len(ids), 0), ServingConfig(), chunk_bytes=1)
+    (load,) = [a for a in core.handle(Arrival(request=r), 0.0) if isinstance(a, StartLoad)]
+    assert load.compute_s == ()
+    with pytest.raises(UsageError, match="computed"):
+        core.handle(LoadDone(load_id=load.load_id, available=((0, 2),), computed=((0, 3),)), 0.1)

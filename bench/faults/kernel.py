@@ -108,8 +108,10 @@ def missing_blkio() -> str | None:
 class LoopFS:
     """One small ext4 on a loop device (optionally under a dm-linear device), mounted at ``mountpoint``."""
 
-    def __init__(self, tag: str, size_bytes: int, *, dm: bool = False, quota: bool = False) -> None:
+    def __init__(self, tag: str, size_bytes: int, *, dm: bool = False, quota: bool = False,
+                 fstype: str = "ext4") -> None:
         self.name = f"kvs-fault-{tag}-{os.getpid()}"
+        self.fstype = fstype  # "ext4" or "xfs" (XFS for its shutdown ioctl: EIO on everything, like a dead disk)
         self.size_bytes = size_bytes
         self.workdir = Path("/dev/shm") / self.name
         self.image = self.workdir / "img"
@@ -122,6 +124,7 @@ class LoopFS:
         self.quota = quota
         self._shrunk = False
         self._binds: list[Path] = []  # read-only bind mounts made by freeze_readonly()
+        self.frozen = False  # fsfreeze -f: every write blocks until unfreeze()
 
     # set-up and tear-down
     def setup(self) -> "LoopFS":
@@ -136,7 +139,10 @@ class LoopFS:
             self.device = f"/dev/mapper/{self.dm_name}"
         features = "quota,^has_journal" if self.quota else "^has_journal"  # no journal: nothing hidden past a cut
         extended = "nodiscard" + (",quotatype=usrquota" if self.quota else "")
-        _run("mkfs.ext4", "-q", "-F", "-m", "0", "-b", "4096", "-O", features, "-E", extended, str(self.device))
+        if self.fstype == "xfs":
+            _run("mkfs.xfs", "-q", "-f", str(self.device))
+        else:
+            _run("mkfs.ext4", "-q", "-F", "-m", "0", "-b", "4096", "-O", features, "-E", extended, str(self.device))
         self.mountpoint.mkdir(mode=0o700)
         self.mount()
         return self
@@ -144,6 +150,9 @@ class LoopFS:
     def teardown(self) -> list[str]:
         """Undo everything, best effort, in reverse order; returns what could not be undone."""
         problems: list[str] = []
+        if self.frozen:  # a frozen file system cannot be unmounted
+            with contextlib.suppress(subprocess.CalledProcessError):
+                self.unfreeze()
         if self._shrunk:
             try:
                 self.restore_size()
@@ -201,6 +210,20 @@ class LoopFS:
         _run("mount", "--bind", str(path), str(path))
         self._binds.append(path)
         _run("mount", "-o", "remount,bind,ro", str(path))
+
+    def freeze(self) -> None:
+        """``fsfreeze -f``: every write (and create) blocks until :meth:`unfreeze`; reads go on."""
+        _run("fsfreeze", "-f", str(self.mountpoint))
+        self.frozen = True
+
+    def unfreeze(self) -> None:
+        _run("fsfreeze", "-u", str(self.mountpoint))
+        self.frozen = False
+
+    def shutdown(self) -> None:
+        """XFS only: ``xfs_io -x -c shutdown``: from now on every operation on the file system fails with EIO,
+        as when a disk dies under it. Unmounting (tear-down) still works."""
+        _run("xfs_io", "-x", "-c", "shutdown", str(self.mountpoint))
 
     def thaw(self, path: Path) -> None:
         _run("umount", str(path))
@@ -268,9 +291,10 @@ class LoopFS:
 
 
 @contextlib.contextmanager
-def loop_fs(tag: str, size_bytes: int, *, dm: bool = False, quota: bool = False) -> Iterator[LoopFS]:
+def loop_fs(tag: str, size_bytes: int, *, dm: bool = False, quota: bool = False,
+            fstype: str = "ext4") -> Iterator[LoopFS]:
     """A :class:`LoopFS`, set up and always torn down. Raises RuntimeError if tear-down left something behind."""
-    fs = LoopFS(tag, size_bytes, dm=dm, quota=quota)
+    fs = LoopFS(tag, size_bytes, dm=dm, quota=quota, fstype=fstype)
     try:
         fs.setup()
         yield fs

@@ -135,7 +135,10 @@ class StoreConfig:
     # "balanced": size each tier's read window by its measured speed so all drain together (read_windows.py);
     # "fixed": every tier keeps its read_inflight_bytes.
     read_windows: str = "balanced"
-    node_id: str = field(default_factory=lambda: os.uname().nodename)
+    node_id: str = field(default_factory=lambda: os.uname().nodename)  # a label; identity is node_state_path's id
+    # File holding this node's persistent random id on shared tiers (None: the first node-local tier's folder,
+    # else ~/.local/state/kvstream/node-id-<host>). Must not be on a shared file system: each node needs its own.
+    node_state_path: str | None = None
     # close() waits this long for writes still in flight; past it, a stalled tier is closed in the background
     # and close() reports it (None: wait for ever).
     close_timeout_s: float | None = 60.0
@@ -277,7 +280,8 @@ FIELD_DOCS: dict[str, str] = {
     "TierConfig.eviction": "eviction policy of the tier (`lru`, ...; `belady` is simulator-only)",
     "TierConfig.direct_io": "`on` (fail if the file system refuses O_DIRECT), `off`, or `auto` (on where possible)",
     "TierConfig.fsync": "fsync each chunk before publishing it (checksums already stop torn data being used)",
-    "TierConfig.shared": "other nodes write here too: refresh the index from their logs",
+    "TierConfig.shared": "every node writes this one folder: each counts and evicts only its own chunks "
+                         "(capacity is a per-node quota) and follows the others' index logs (docs/shared-tier.md)",
     "StoreConfig.tiers": "the directory tiers, fastest (node-local) first; each takes the per-tier keys below",
     "StoreConfig.memory_bytes": "the store's host-memory tier: clean cached chunks plus buffered writes "
                                 "(at least 1 MiB)",
@@ -293,7 +297,11 @@ FIELD_DOCS: dict[str, str] = {
     "StoreConfig.hedge_after_s": "re-issue a read on another replica after this many seconds (null: off)",
     "StoreConfig.read_windows": "`balanced`: size each tier's read window by its measured speed so all drain "
                                 "together; `fixed`: every tier keeps its `read_inflight_bytes`",
-    "StoreConfig.node_id": "this node's name in shared tiers' index logs",
+    "StoreConfig.node_id": "this node's name for people (in its lease files on shared tiers); identity is the "
+                           "persistent id in `node_state_path`",
+    "StoreConfig.node_state_path": "file keeping this node's persistent random id for shared tiers (null: "
+                                   "`node-id` in the first node-local tier's folder, else "
+                                   "`~/.local/state/kvstream/node-id-<host name>`); never on a shared file system",
     "StoreConfig.close_timeout_s": "how long close() waits for writes in flight; a stalled tier past it is closed "
                                    "in the background and named in close()'s report (null: wait for ever)",
 }

@@ -1,8 +1,11 @@
 """Prometheus metrics for operators, read from :meth:`Store.stats` at scrape time.
 
 A custom collector, not counters updated on the hot path: the store already keeps its own counts, so a
-scrape costs one ``stats()`` call and the read loop pays nothing. Names follow LMCache's style
-(``lmcache:`` prefix, snake case) under ``kvstream_``; per-tier series carry a ``tier`` label.
+scrape costs one ``stats()`` call and the read loop pays nothing. Names are ``kvstream_*`` (snake case,
+counters exported with ``_total``); per-tier series carry a ``tier`` label. This is for the Python API; under
+LMCache the plugin exports its own ``lmcache:kvstream_*`` series instead
+(:mod:`kvstream.integrations._lmcache_metrics`), because vLLM's worker processes reach ``/metrics`` only
+through ``PROMETHEUS_MULTIPROC_DIR``, which carries Counter/Gauge/Histogram objects and no custom collector.
 
     from prometheus_client import REGISTRY, start_http_server
     kvstream.metrics.register(store)          # once per store
@@ -37,6 +40,7 @@ _TIER_SERIES = {
     "write_skipped_unhealthy": ("tier_write_skipped_unhealthy", "Copies skipped because the tier's circuit was open", "counter"),
     "write_skipped_backlog": ("tier_write_skipped_backlog", "Second copies skipped because the tier's write backlog was full", "counter"),
     "evicted_chunks": ("tier_evicted_chunks", "Chunks evicted to stay within capacity", "counter"),
+    "evicted_bytes": ("tier_evicted_bytes", "Bytes of chunk files evicted to stay within capacity", "counter"),
     "chunks": ("tier_chunks", "Chunks the tier holds", "gauge"),
     "used_bytes": ("tier_used_bytes", "Bytes of chunk files on the tier", "gauge"),
     "capacity_bytes": ("tier_capacity_bytes", "Configured capacity of the tier", "gauge"),
@@ -61,6 +65,14 @@ _STORE_SERIES = {
     "write_amplification": ("write_amplification", "Bytes written to all tiers / bytes put", "gauge"),
 }
 
+# stats()["memory"] key -> (metric suffix, help, kind)
+_MEMORY_SERIES = {
+    "used_bytes": ("memory_used_bytes", "Host-memory tier bytes held", "gauge"),
+    "capacity_bytes": ("memory_capacity_bytes", "Configured size of the host-memory tier", "gauge"),
+    "chunks": ("memory_chunks", "Chunks the host-memory tier holds", "gauge"),
+    "evictions": ("memory_evictions", "Chunks evicted from the host-memory tier", "counter"),
+}
+
 
 class StoreCollector:
     """Collects one store's ``stats()`` into metric families; ``labels`` are added to every series."""
@@ -69,7 +81,7 @@ class StoreCollector:
         self.store = store
         self.labels = dict(labels or {})
 
-    def describe(self) -> list:
+    def describe(self) -> list[Any]:
         return []  # generated at collect time; no fixed description needed
 
     def collect(self) -> Iterator[Any]:
@@ -82,9 +94,11 @@ class StoreCollector:
             fam = (CounterMetricFamily if kind == "counter" else GaugeMetricFamily)(_PREFIX + name, doc, labels=lk)
             fam.add_metric(lv, float(st.get(key) or 0.0))
             yield fam
-        mem = GaugeMetricFamily(_PREFIX + "memory_used_bytes", "Host-memory tier bytes held", labels=lk)
-        mem.add_metric(lv, float(st["memory"]["used_bytes"]))
-        yield mem
+        memory = st["memory"]
+        for key, (name, doc, kind) in _MEMORY_SERIES.items():
+            fam = (CounterMetricFamily if kind == "counter" else GaugeMetricFamily)(_PREFIX + name, doc, labels=lk)
+            fam.add_metric(lv, float(memory.get(key) or 0.0))
+            yield fam
         for key, (name, doc, kind) in _TIER_SERIES.items():
             fam = (CounterMetricFamily if kind == "counter" else GaugeMetricFamily)(
                 _PREFIX + name, doc, labels=lk + ["tier"])

@@ -17,6 +17,7 @@ Events (methods)                          Actions returned
   ``checked(read, now, ok)``                :class:`Lost`     no holder can deliver ``chunk``: a miss
   ``tick(now, usable)``                     :class:`Busy`     ``chunk``'s target is still being written (read_into)
   ``close(now)``                            :class:`Stalled`  ``tier`` has a read stuck past the hedge deadline
+  ``computed(chunk, now)``                  :class:`Compute`  recompute ``chunk`` on the GPU (``seconds`` of it)
 
 ``landed`` is the I/O completion (any result); ``checked`` is the consumer's verdict after verifying what landed
 (header, key, length, checksum; ``ok=False`` for an I/O error too). Opens are actions because an ``open()``
@@ -51,14 +52,40 @@ Memory hits never enter the machine: the reader pins them when the step is plann
 :meth:`kvstream.tiers.memory.HostMemoryTier.pin`), and a delivered read's buffer is pinned by the view the
 caller holds until the caller drops it (``delivered -> released``; :mod:`kvstream.io.buffers`).
 
-A chunk is PENDING until exactly one of: DELIVERED (one Deliver), LOST (one Lost), BUSY (one Busy). An
-illegal transition of either raises :class:`ReadStepError` naming the read, the event and the state.
+A chunk is PENDING until exactly one of: DELIVERED (one Deliver), LOST (one Lost), BUSY (one Busy), COMPUTED
+(one ``computed`` event after its Compute). An illegal transition of either raises :class:`ReadStepError`
+naming the read, the event and the state.
+
+Compute joins the meeting (a :class:`ComputePlan`, from :class:`kvstream.compute.ComputePolicy`): the GPU is a
+third source. It recomputes the step's first ``len(plan.cost_s)`` chunks (the *chain*: one request's prefix,
+in order) one at a time, from the front: a chunk can only be recomputed once the ones before it are, so it
+claims chunk 0, then 1, ... (passing over chunks a tier has delivered: they are there) and stops for good at
+the chain's end, at a lost chunk, or at a chunk whose compute would end after the tiers are expected to have
+read everything else (``cost_s[j] * (1 + margin)`` over
+the pending bytes at the tiers' summed ``bandwidth``: the rule that makes compute do nothing when the tiers are
+fast). A chunk a tier has claimed but not delivered is recomputed too (a hedge: the first copy wins, the other
+is a duplicate), so a long-tailed read in the meeting region never holds the step. The tiers claim from the
+back (``router.schedule(..., front=plan.front)``), and leave a claim to compute when compute would reach that
+chunk before their read could land (``_compute_first``). Compute-source lifecycle::
+
+    state      event      next state   action
+    ---------  ---------  -----------  -------------------------------------------------
+    IDLE       claim      BUSY         Compute (the chain's next chunk)
+    IDLE       stop       STOPPED      (the chain ended, a lost chunk, or the next would not pay)
+    IDLE       close      STOPPED
+    BUSY       computed   IDLE         (the chunk is COMPUTED, or a tier won the hedge and its copy is used)
+    BUSY       close      ABANDONED
+    ABANDONED  computed   STOPPED      (the step was over: the result is not used)
+    STOPPED: final.
 
 Invariants (tested with hypothesis against a model, ``tests/test_read_step.py``): every chunk is resolved
 exactly once; a delivered read is from a tier holding the chunk and was checked ok; every read that got a
 buffer (Submit) is released or delivered exactly once; no read goes into a target while another read into it
 is in flight, and a chunk is delivered only once no read into its target is in flight (or it is reported
-busy); a tier's bytes in flight stay within its window, but for the one read it may always have.
+busy); a tier's bytes in flight stay within its window, but for the one read it may always have. With a
+compute source (``tests/test_compute_source.py``): chunks are computed strictly in chain order (compute claims
+chunk j only once every chain chunk before it is resolved: computed by it or delivered by a tier), a chunk
+taken for compute is never read by a tier, and each chunk is resolved by exactly one source.
 """
 
 from __future__ import annotations
@@ -71,7 +98,8 @@ from kvstream.routing import ReadSchedule
 
 __all__ = [
     "ReadStep", "ReadStepError", "ReadState", "ChunkState",
-    "Open", "Submit", "Deliver", "Release", "Lost", "Busy", "Stalled", "Action",
+    "Open", "Submit", "Deliver", "Release", "Lost", "Busy", "Stalled", "Compute", "Action", "ComputePlan",
+    "ComputeState",
 ]
 
 
@@ -96,6 +124,14 @@ class ChunkState(Enum):
     DELIVERED = "delivered"
     LOST = "lost"
     BUSY = "busy"
+    COMPUTED = "computed"
+
+
+class ComputeState(Enum):
+    IDLE = "idle"
+    BUSY = "computing"
+    ABANDONED = "abandoned"
+    STOPPED = "stopped"
 
 
 _R = ReadState
@@ -113,8 +149,15 @@ _READ_TRANSITIONS: dict[ReadState, dict[str, ReadState]] = {
 }
 _C = ChunkState
 _CHUNK_TRANSITIONS: dict[ChunkState, dict[str, ChunkState]] = {
-    _C.PENDING: {"deliver": _C.DELIVERED, "lose": _C.LOST, "busy": _C.BUSY},
-    _C.DELIVERED: {}, _C.LOST: {}, _C.BUSY: {},
+    _C.PENDING: {"deliver": _C.DELIVERED, "lose": _C.LOST, "busy": _C.BUSY, "compute": _C.COMPUTED},
+    _C.DELIVERED: {}, _C.LOST: {}, _C.BUSY: {}, _C.COMPUTED: {},
+}
+_K = ComputeState
+_COMPUTE_TRANSITIONS: dict[ComputeState, dict[str, ComputeState]] = {
+    _K.IDLE: {"claim": _K.BUSY, "stop": _K.STOPPED, "close": _K.STOPPED},
+    _K.BUSY: {"computed": _K.IDLE, "close": _K.ABANDONED},
+    _K.ABANDONED: {"computed": _K.STOPPED},
+    _K.STOPPED: {},
 }
 _ACTIVE = (_R.OPENING, _R.IN_FLIGHT)  # holding a place in the tier's window
 
@@ -162,7 +205,29 @@ class Stalled:
     tier: int
 
 
-Action = Open | Submit | Deliver | Release | Lost | Busy | Stalled
+@dataclass(frozen=True, slots=True)
+class Compute:
+    chunk: int
+    seconds: float  # modelled GPU seconds: the prefill cost of this chunk at its position, at the GPU's load
+
+
+Action = Open | Submit | Deliver | Release | Lost | Busy | Stalled | Compute
+
+
+@dataclass(frozen=True, slots=True)
+class ComputePlan:
+    """What the step's compute source may do (decided by :class:`kvstream.compute.ComputePolicy`).
+
+    ``cost_s[j]``: GPU seconds to recompute chunk ``j`` of the step (``j < len(cost_s)``: the chain, one
+    request's prefix in order; cost grows with position). ``bandwidth``: the tiers' read bytes/s as last
+    measured (the claim rule). ``front``: the estimated meeting point, given to the router as ``front`` (the
+    step itself only uses it as a report). ``margin``: compute claims a chunk only if it ends this much before
+    the tiers' expected end (estimates err; a late compute would hold the whole step)."""
+
+    cost_s: tuple[float, ...]
+    bandwidth: tuple[float, ...]
+    front: int = 0
+    margin: float = 0.1
 
 
 class _Read:
@@ -198,7 +263,8 @@ class ReadStep:
     def __init__(self, schedule: ReadSchedule, nbytes: Sequence[int], windows: Sequence[int], *,
                  hedge_after_s: float | None = None, readahead_bytes: int | None = None,
                  in_place: Sequence[int] | None = None, in_place_tier: int = -1, report_busy: bool = False,
-                 header_bytes: int = 0, bandwidth: Sequence[float | None] | None = None) -> None:
+                 header_bytes: int = 0, bandwidth: Sequence[float | None] | None = None,
+                 compute: ComputePlan | None = None) -> None:
         if len(nbytes) != schedule.n:
             raise ValueError(f"read step: {schedule.n} chunks but {len(nbytes)} sizes")
         if len(windows) != schedule.n_tiers:
@@ -235,6 +301,24 @@ class ReadStep:
         self.bandwidth = list(bandwidth) if bandwidth is not None else [None] * self.n_tiers
         if all(b for b in self.bandwidth):
             schedule.steal_filter = self._steal_pays
+        # The compute source (module docstring). Invariant: computed_chunks is increasing, and when chunk j was
+        # claimed every chain chunk before it was resolved.
+        self.compute = compute
+        if compute is not None and len(compute.cost_s) > schedule.n:
+            raise ValueError(f"read step: a compute chain of {len(compute.cost_s)} chunks in a step of {schedule.n}")
+        self.compute_state = _K.IDLE if compute is not None and compute.cost_s else _K.STOPPED
+        self._c_next = 0  # the chain's next chunk
+        self._c_busy: int | None = None  # the chunk being computed
+        self.computed_chunks: list[int] = []
+        self.compute_s = 0.0  # GPU seconds spent on chunks that were used
+        self._pending_bytes = sum(self.nbytes)  # of unresolved chunks: what the tiers still have to bring
+        self._c_cum = [0.0]  # prefix sums of the chain's costs: compute's time to reach a chunk
+        for c in (compute.cost_s if compute is not None else ()):
+            self._c_cum.append(self._c_cum[-1] + c)
+        self.claims_declined = 0  # tier claims left to compute (it would get there first)
+        self.compute_hedges = 0  # chunks compute recomputed while a tier had them (the meeting region)
+        self._lost_by_tiers: set[int] = set()  # failed on every tier while compute recomputes it
+        self.compute_wasted_s = 0.0  # GPU seconds of hedges a tier won
 
     # -- state ----------------------------------------------------------------------------------------------
     @property
@@ -270,6 +354,7 @@ class ReadStep:
     def start(self, now: float) -> list[Action]:
         out: list[Action] = []
         self._settle_lost(out)
+        self._compute_next(out)  # compute claims the front before the tiers fill their windows
         for t in range(self.n_tiers):
             self._fill(t, now, out)
         self._settle_stuck(out)
@@ -431,6 +516,28 @@ class ReadStep:
         self._after_change(now, out)
         return out
 
+    def computed(self, j: int, now: float) -> list[Action]:
+        """The GPU finished recomputing chunk ``j`` (the :class:`Compute` the step asked for)."""
+        if self._c_busy != j:
+            raise ReadStepError(f"compute: chunk {j} reported computed, but the source is "
+                                f"{self.compute_state.value!r} on chunk {self._c_busy}")
+        abandoned = self.compute_state is _K.ABANDONED
+        self._c_move("computed")
+        self._c_busy = None
+        out: list[Action] = []
+        if abandoned:
+            return out
+        assert self.compute is not None
+        if self.chunks[j] is not _C.PENDING:  # a hedge the tier won: its copy is used
+            self.compute_wasted_s += self.compute.cost_s[j]
+        else:
+            self._resolve(j, "compute")
+            self.computed_chunks.append(j)
+            self.compute_s += self.compute.cost_s[j]
+        self._compute_next(out)
+        self._after_change(now, out)
+        return out
+
     def close(self, now: float) -> list[Action]:
         """The consumer is done (or stopped early): no more claims; landed and waiting reads are released;
         reads still opening or in flight are abandoned (each is released when it ends). Returns Release actions
@@ -452,6 +559,8 @@ class ReadStep:
                 self._forget_in_place(r)
                 out.append(Release(r.rid, late=unchecked))
         self._waiting.clear()
+        if self.compute_state in (_K.IDLE, _K.BUSY):
+            self._c_move("close")
         for t in range(self.n_tiers):
             self._end_busy(t, now)
         return out
@@ -475,6 +584,76 @@ class ReadStep:
         self.steals_declined += 1
         return False
 
+    def _c_move(self, event: str) -> None:
+        nxt = _COMPUTE_TRANSITIONS[self.compute_state].get(event)
+        if nxt is None:
+            raise ReadStepError(f"compute: event {event!r} in state {self.compute_state.value!r}")
+        self.compute_state = nxt
+
+    def _compute_next(self, out: list[Action]) -> None:
+        """An idle compute source claims the chain's next chunk, or stops for good (module docstring)."""
+        if self.compute_state is not _K.IDLE:
+            return
+        plan = self.compute
+        assert plan is not None
+        j = self._c_next
+        # A chunk a tier delivered is on its way to the GPU: compute goes on behind it (its predecessors are
+        # all there). A lost one ends the chain: nothing after it is usable.
+        while j < len(plan.cost_s) and self.chunks[j] is _C.DELIVERED:
+            j += 1
+        self._c_next = j
+        if self.closed or j >= len(plan.cost_s) or self.chunks[j] is not _C.PENDING:
+            self._c_move("stop")
+            return
+        if self.sched.claimed(j):
+            # A tier has it (they met): compute recomputes it too, a hedge of the tier's read. It costs GPU time
+            # the step waits through anyway (the step ends when every chunk is resolved, not when compute
+            # does) and no bandwidth, and a long-tailed read (a PFS chunk can take 5x its share) no longer
+            # holds the step: the first copy wins, the other is a duplicate. No claim rule, for that reason.
+            self.compute_hedges += 1
+        elif not self._compute_pays(j) or not self.sched.take_for_compute(j):
+            self._c_move("stop")
+            return
+        self._c_move("claim")
+        self._c_busy = j
+        self._c_next = j + 1
+        out.append(Compute(j, plan.cost_s[j]))
+
+    def _compute_first(self, t: int) -> bool:
+        """Whether tier ``t``'s next claim is better left to compute: compute would reach that chunk (finishing
+        every chunk before it) before the tier's read could land, at the tier's measured bandwidth behind its
+        bytes in flight. The rule that lets compute take everything from a tier slower than the GPU. Never
+        before the tier has claimed once in the step (so every step measures it, and a stale estimate heals)
+        nor once compute has stopped (the tiers then bring everything left)."""
+        plan = self.compute
+        if plan is None or self.compute_state is not _K.BUSY:
+            return False
+        bw = plan.bandwidth[t] if t < len(plan.bandwidth) else 0.0
+        if not bw or bw <= 0 or not self.sched.stats[t].claimed:
+            return False
+        nxt = self.sched.peek(t, 1)
+        if not nxt or nxt[0] >= len(plan.cost_s) or nxt[0] < self._c_next:
+            return False  # past the chain (only a tier can bring it), or behind compute's front
+        j = nxt[0]
+        start = self._c_busy if self._c_busy is not None else self._c_next
+        reach = self._c_cum[j + 1] - self._c_cum[start]
+        land = (self._inflight_bytes[t] + self.nbytes[j]) / bw
+        if land > reach:
+            self.claims_declined += 1
+            return True
+        return False
+
+    def _compute_pays(self, j: int) -> bool:
+        """Whether recomputing chunk ``j`` ends before the tiers are expected to have read every other pending
+        chunk: otherwise the step would wait for the GPU, and a tier reads it instead. Bytes already in flight
+        count whole (a small bias toward computing, which ``margin`` covers)."""
+        plan = self.compute
+        assert plan is not None
+        bw = sum(b for b in plan.bandwidth if b and b > 0)
+        if bw <= 0:
+            return True
+        return plan.cost_s[j] * (1.0 + plan.margin) <= (self._pending_bytes - self.nbytes[j]) / bw
+
     def _read(self, rid: int) -> _Read:
         r = self.reads.get(rid)
         if r is None:
@@ -494,6 +673,7 @@ class ReadStep:
             raise ReadStepError(f"chunk {j}: event {event!r} in state {self.chunks[j].value!r}")
         self.chunks[j] = nxt
         self.unresolved -= 1
+        self._pending_bytes -= self.nbytes[j]
 
     def _deliver(self, r: _Read, out: list[Action]) -> None:
         self._move(r, "deliver")
@@ -535,6 +715,8 @@ class ReadStep:
         # window of 1.05 chunks means one read at a time, not two.
         while not self.closed and (self._inflight_bytes[t] + self._read_size <= self.windows[t]
                                    or not self._active[t]):
+            if self._compute_first(t):
+                return
             claim = self.sched.next_claim(t)
             if not claim:
                 return
@@ -544,15 +726,24 @@ class ReadStep:
     def _settle_lost(self, out: list[Action]) -> None:
         lost = self.sched.lost()
         for j in lost[self._lost_seen:]:
-            if self.chunks[j] is _C.PENDING:
+            if j == self._c_busy and self.compute_state is _K.BUSY:
+                # Every tier failed it, but the GPU is recomputing it (a hedge): compute is its last holder.
+                self._lost_by_tiers.add(j)
+            elif self.chunks[j] is _C.PENDING:
                 self._resolve(j, "lose")
                 out.append(Lost(j))
         self._lost_seen = len(lost)
+        for j in [j for j in self._lost_by_tiers if j != self._c_busy or self.compute_state is not _K.BUSY]:
+            self._lost_by_tiers.discard(j)
+            if self.chunks[j] is _C.PENDING and not self.closed:  # compute ended without it: now it is lost
+                self._resolve(j, "lose")
+                out.append(Lost(j))
 
     def _settle_stuck(self, out: list[Action]) -> None:
         """Nothing active, nothing landed or waiting, chunks unresolved and no tier will claim them (their
         holders refused them all): they are lost."""
-        if self.closed or not self.unresolved or self.active() or self._unread or self._waiting:
+        if (self.closed or not self.unresolved or self.active() or self._unread or self._waiting
+                or self.compute_state is _K.BUSY):
             return
         if any(r.state is _R.LANDED for r in self.reads.values()):
             return

@@ -41,7 +41,8 @@ from kvstream.eviction import AccessMeta
 from kvstream.format import HEADER_BYTES, ChunkHeader, decode_header, verify_payload
 from kvstream.io.buffers import AlignedBuffer, CallerBuffer
 from kvstream.io.engine import IOOp, OpKind
-from kvstream.read_step import Busy, ChunkState, Deliver, Lost, Open, ReadState, ReadStep, Release, Stalled, Submit
+from kvstream.read_step import (Busy, ChunkState, Compute, ComputePlan, Deliver, Lost, Open, ReadState, ReadStep,
+                                Release, Stalled, Submit)
 from kvstream.tiers.memory import MemEntry
 
 if TYPE_CHECKING:
@@ -51,9 +52,20 @@ __all__ = ["Reader", "ReadOutcome"]
 
 log = logging.getLogger("kvstream.store")
 _ENOENT = 2
+_ESTALE = 116
+_GONE = (_ENOENT, _ESTALE)  # no file, or a handle to one a peer deleted: a miss on a shared tier, not a fault
 _ENFILE, _EMFILE = 23, 24
 _OPEN_THREADS = 4  # per tier: opens of one tier wait behind each other, never behind another tier's
 _MAX_OPENED_AHEAD = 256  # files a step may hold open ahead of its claims, all tiers together
+
+
+def _close_quietly(fd: int) -> None:
+    """Close a read descriptor. Its errors are not the read's: FUSE clients (GlusterFS) answer ``close()`` with
+    ENOENT once a peer deleted the file, and the read has landed (or been given up) by then."""
+    try:
+        os.close(fd)
+    except OSError:
+        pass
 
 
 @dataclass(eq=False, slots=True)
@@ -79,13 +91,21 @@ class _Tag:
 
 @dataclass(frozen=True, slots=True)
 class ReadOutcome:
-    """One chunk's result from :meth:`Reader.run`. ``kind``: delivered, lost, busy, too_small."""
+    """One chunk's result from :meth:`Reader.run`. ``kind``: delivered, lost, busy, too_small, computed (the
+    GPU recomputed it: no payload; only with a compute plan)."""
 
     j: int
     kind: str
     source: str = ""
     header: ChunkHeader | None = None
     payload: memoryview | None = None  # chunks mode: the pinned payload
+
+
+@dataclass(frozen=True, slots=True)
+class _Computed:
+    """Put on a call's queue when the modelled GPU has recomputed chunk ``j`` (a :class:`Compute`'s timer)."""
+
+    j: int
 
 
 class _Call:
@@ -100,7 +120,7 @@ class _Call:
         self.on_target_free = on_target_free
         self.mu = threading.Lock()
         self.cv = threading.Condition(self.mu)
-        self.q: queue.SimpleQueue[_Tag | None] = queue.SimpleQueue()  # landed reads to check; None: wake up
+        self.q: queue.SimpleQueue[_Tag | _Computed | None] = queue.SimpleQueue()  # landed reads; GPU done; None: wake
         self.tags: dict[int, _Tag] = {}
         self.metas = metas
         # Files opened ahead of their claims, (tier, chunk) -> (fd, size): see Reader._open_ahead.
@@ -129,11 +149,14 @@ class Reader:
     def run(self, keys: Sequence[bytes], holders: list[list[int]], mode: str, *,
             targets: list[CallerBuffer] | None = None, on_target_free: Callable[[int], None] | None = None,
             metas: Sequence[AccessMeta | None] | None = None,
-            on_end: Callable[[ReadStep], None] | None = None) -> Iterator[ReadOutcome]:
+            on_end: Callable[[ReadStep], None] | None = None,
+            compute: ComputePlan | None = None) -> Iterator[ReadOutcome]:
         """Read ``keys`` (each held by the tiers in ``holders``). Yields one :class:`ReadOutcome` per chunk,
         delivered ones as they land and lost ones last. ``mode``: ``chunks`` (payloads pinned in host memory),
         ``into`` (into ``targets``), ``headers`` (4 KiB headers only). ``on_end(step)`` runs once the step is over
-        (not when the caller stops early), with the step's per-tier bytes and busy time."""
+        (not when the caller stops early), with the step's per-tier bytes and busy time. ``compute``: the GPU
+        recomputes the step's front meanwhile (:mod:`kvstream.compute`); each :class:`Compute` waits its
+        modelled seconds on a timer (replay's modelled GPU) and yields a ``computed`` outcome."""
         store = self.store
         n_t = len(store.tiers)
         sizes = []
@@ -150,10 +173,10 @@ class Reader:
             # slow tier's late copy is simply dropped.
             in_place_tier = self._fastest_tier()
         hedge = store.config.hedge_after_s
-        step = ReadStep(store.router.schedule(holders, n_t), sizes, windows, hedge_after_s=hedge,
-                        in_place=in_place, in_place_tier=in_place_tier,
+        step = ReadStep(store.router.schedule(holders, n_t, front=compute.front if compute else 0), sizes, windows,
+                        hedge_after_s=hedge, in_place=in_place, in_place_tier=in_place_tier,
                         report_busy=on_target_free is not None, header_bytes=HEADER_BYTES,
-                        bandwidth=[store.read_windows.bandwidth_estimate(t) for t in range(n_t)])
+                        bandwidth=[store.read_windows.bandwidth_estimate(t) for t in range(n_t)], compute=compute)
         call = _Call(step, list(keys), mode, targets, on_target_free, metas)
         if hedge:
             self._count_stragglers(hedge)
@@ -178,6 +201,14 @@ class Reader:
                 except queue.Empty:
                     continue
                 if tag is None:
+                    continue
+                if isinstance(tag, _Computed):
+                    with call.mu:
+                        acts = step.computed(tag.j, time.monotonic())
+                        got = step.chunks[tag.j] is ChunkState.COMPUTED
+                    yield from self._carry_out(call, acts)
+                    if got:
+                        yield ReadOutcome(tag.j, "computed", source="gpu")
                     continue
                 with call.mu:
                     if step.reads[tag.rid].state is not ReadState.LANDED:
@@ -205,7 +236,7 @@ class Reader:
             unused = list(call.opened.values())
             call.opened.clear()
         for fd, _ in unused:  # opened ahead for reads another tier made, or that the step never needed
-            os.close(fd)
+            _close_quietly(fd)
         for a in acts:
             self._act(call, a)  # Release only: landed reads nobody checked (late) and copies that waited
         with call.cv:
@@ -235,6 +266,12 @@ class Reader:
                 outcomes.append(ReadOutcome(a.chunk, "busy"))
             elif isinstance(a, Lost):
                 pass  # reported at the end, with those lost on other threads (step.chunks)
+            elif isinstance(a, Compute):
+                # The modelled GPU: the chunk is recomputed after its seconds (a daemon timer, so a step that
+                # ends first leaves nothing behind but a marker on a queue nobody reads).
+                timer = threading.Timer(a.seconds, call.q.put, args=(_Computed(a.chunk),))
+                timer.daemon = True
+                timer.start()
             else:
                 self._act(call, a)
         yield from outcomes
@@ -309,7 +346,7 @@ class Reader:
                     if not call.step.closed and (t, j) not in call.opened:
                         call.opened[(t, j)] = got
                         continue
-                os.close(got[0])
+                _close_quietly(got[0])
         finally:
             with call.mu:
                 call.opening_ahead[t] = False
@@ -423,7 +460,7 @@ class Reader:
                 self._stragglers[tag.tier].pop(id(tag), None)
             if tag.result > 0:
                 store.tiers[tag.tier].counters.duplicate_chunks += 1
-            elif tag.result < 0 and -tag.result != _ENOENT:
+            elif tag.result < 0 and -tag.result not in _GONE:
                 # Nobody waited for this read (the other replica won), but the tier still failed it: the breaker
                 # must hear of it, or a tier that only ever loses races would never be taken out.
                 store.tiers[tag.tier].counters.read_errors += 1
@@ -445,7 +482,7 @@ class Reader:
         store = self.store
         tier = store.tiers[tag.tier]
         if tag.fd >= 0:
-            os.close(tag.fd)
+            _close_quietly(tag.fd)
             tag.fd = -1
         where = f"{tier.name}:{tier.relpath(tag.key)}"
         if tag.result < 0:
@@ -486,12 +523,12 @@ class Reader:
         return True
 
     def _read_failed(self, t: int, key: bytes, result: int, where: str) -> None:
-        """A read (of a whole chunk or of its header) returned ``-errno``: a missing file is dropped from the
-        index; any other error counts against the tier and its breaker."""
+        """A read (of a whole chunk or of its header) returned ``-errno``: a missing file (ENOENT, or ESTALE: a
+        peer deleted it under our descriptor) is a miss (see ``DirectoryTier.on_missing``); any other error
+        counts against the tier and its breaker."""
         tier = self.store.tiers[t]
-        if -result == _ENOENT:
-            tier.counters.missing_files += 1
-            tier.drop(key, unlink=False)
+        if -result in _GONE:
+            tier.on_missing(key)
         else:
             tier.counters.read_errors += 1
             self.store.health[t].on_failure(time.monotonic())
@@ -523,7 +560,7 @@ class Reader:
             assert tag.buf is not None
             target.view(0, n)[:] = tag.buf.view(HEADER_BYTES, HEADER_BYTES + n)
             store._c["read_into_copied"] += 1
-            self._keep(tag, header, None)
+            self._keep(tag, header, call.metas[tag.j] if call.metas else None)
             return ReadOutcome(tag.j, "delivered", tier.name, header)
         payload = self._keep(tag, header, call.metas[tag.j] if call.metas else None, want_view=True)
         return ReadOutcome(tag.j, "delivered", tier.name, header, payload)

@@ -147,6 +147,11 @@ class ReadSchedule(ABC):
         self._mark_taken(i)
         return True
 
+    def claimed(self, i: int) -> bool:
+        """Whether a tier has claimed chunk ``i`` and it is not finished (in flight, or failed and waiting for
+        another holder)."""
+        return not self._done[i] and bool(self._copies[i])
+
     def _mark_taken(self, i: int) -> None:
         """Hook: a schedule with its own claim bookkeeping marks chunk ``i`` as gone (taken for compute)."""
 
@@ -252,7 +257,8 @@ class ReadRouter(ABC):
     @abstractmethod
     def schedule(self, holders: Sequence[Collection[int]], n_tiers: int, *, front: int = 0) -> ReadSchedule:
         """A schedule for one step. ``front``: chunks at the head of the list the GPU is expected to recompute
-        (see the module docstring); schedules that assign by position ignore it."""
+        (see the module docstring); schedules that assign by position keep their assignment and, when it is
+        not 0, take each tier's share from its back."""
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -378,7 +384,8 @@ class MeetInTheMiddle(ReadRouter):
 class _StaticSchedule(ReadSchedule):
     """Every chunk assigned to one tier up front; claims are served from that tier's queue in order."""
 
-    def __init__(self, holders: Sequence[Collection[int]], n_tiers: int, batch: int, assign: list[int]) -> None:
+    def __init__(self, holders: Sequence[Collection[int]], n_tiers: int, batch: int, assign: list[int],
+                 front: int = 0) -> None:
         super().__init__(holders, n_tiers)
         self.batch = batch
         self._queues: list[list[int]] = [[] for _ in range(n_tiers)]
@@ -389,8 +396,10 @@ class _StaticSchedule(ReadSchedule):
             if t not in hs:  # the assigned tier lacks it: the nearest holder by index reads it
                 t = min(hs, key=lambda h: (abs(h - t), h))
             self._queues[t].append(i)
-        for q in self._queues:
-            q.reverse()  # pop() from the end = take in list order
+        if not front:
+            for q in self._queues:
+                q.reverse()  # pop() from the end = take in list order
+        # else: compute takes the front, so each tier takes its queue from the back (pop() = the last first)
 
     def peek(self, tier: int, n: int) -> list[int]:
         out: list[int] = []
@@ -455,7 +464,7 @@ class FixedSplit(ReadRouter):
             for i in order[p : p + c]:
                 assign[i] = t
             p += c
-        return _StaticSchedule(holders, n_tiers, self.batch, assign)
+        return _StaticSchedule(holders, n_tiers, self.batch, assign, front)
 
 
 @dataclass(frozen=True, slots=True)
@@ -469,7 +478,7 @@ class SingleTier(ReadRouter):
     def schedule(self, holders: Sequence[Collection[int]], n_tiers: int, *, front: int = 0) -> ReadSchedule:
         if not 0 <= self.tier < n_tiers:
             raise ValueError(f"SingleTier tier {self.tier} out of range 0..{n_tiers - 1}")
-        return _StaticSchedule(holders, n_tiers, self.batch, [self.tier] * len(holders))
+        return _StaticSchedule(holders, n_tiers, self.batch, [self.tier] * len(holders), front)
 
 
 def parse_router(spec: str, tier_names: Sequence[str], *, field_name: str = "router") -> ReadRouter:

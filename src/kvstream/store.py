@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvstream.config import StoreConfig
-from kvstream.errors import StoreClosedError, UsageError
+from kvstream.errors import ConfigError, StoreClosedError, UsageError
 from kvstream.eviction import AccessMeta
 from kvstream.format import (
     HEADER_BYTES,
@@ -47,16 +47,27 @@ from kvstream.format import (
 from kvstream.health import CircuitBreaker
 from kvstream.io.buffers import CallerBuffer
 from kvstream.io.engine import IOEngine, make_engine
+from kvstream.replica_debt import CatchUp, OwedReplicas
 from kvstream.replication import CopyOrder, ReadObservation, parse_replication
 from kvstream.read_windows import make_read_windows
 from kvstream.routing import parse_router
-from kvstream.read_step import ReadStep
+from kvstream.read_step import ComputePlan, ReadStep
 from kvstream.reader import Reader
 from kvstream.writer import Writer
 from kvstream.tiers.files import DirectoryTier
+from kvstream.tiers.lease import node_uid_for
 from kvstream.tiers.memory import HostMemoryTier, MemEntry
 
-__all__ = ["Store", "Chunk", "CloseReport", "ReadIntoResult", "open_store"]
+__all__ = ["Store", "Chunk", "CloseReport", "ComputeRequest", "RECOMPUTED", "ReadIntoResult", "open_store"]
+
+
+@dataclass(frozen=True, slots=True)
+class ComputeRequest:
+    """What a caller with a GPU asks of one read step (:meth:`Store.read_chunks`'s ``compute``)."""
+
+    leave: frozenset[bytes] = frozenset()  # disk chunks not to read: the GPU computes them (yielded as None)
+    plan: ComputePlan | None = None  # the step's front, recomputed by the GPU while the tiers read the back
+    on_step: Callable[[ReadStep], None] | None = None  # after the step: its per-tier bytes and busy time
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,6 +94,11 @@ class Chunk:
     meta: ChunkMeta
     payload: memoryview
     source: str  # "memory" or the tier name it was read from
+
+
+# What read_chunks(compute=...) yields for a chunk the GPU recomputed: no payload (test with ``is``).
+RECOMPUTED = Chunk(key=b"", meta=ChunkMeta(dtype="uint8", shape=(0,), fmt="raw"), payload=memoryview(b""),
+                   source="gpu")
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,9 +144,16 @@ class Store:
         self.engine = engine if engine is not None else make_engine(config.io_engine)
         self.tiers: list[DirectoryTier] = []
         try:
+            node_uid = node_uid_for(config)  # persistent, random: identity on shared tiers (docs/shared-tier.md)
             for i, tcfg in enumerate(config.tiers):
                 self.tiers.append(DirectoryTier(tcfg, index=i, engine=self.engine, node_id=config.node_id,
-                                                create=config.create_dirs, field_prefix=f"tiers[{i}]"))
+                                                create=config.create_dirs, field_prefix=f"tiers[{i}]",
+                                                node_uid=node_uid))
+        except OSError as exc:  # a dead or unreadable file system under a tier: say which, not a traceback
+            for t in self.tiers:
+                t.close()
+            raise ConfigError(f"tiers[{len(self.tiers)}].path", f"{config.tiers[len(self.tiers)].path}: "
+                                                                 f"{exc.strerror or exc} (is its file system alive?)") from None
         except BaseException:
             for t in self.tiers:
                 t.close()
@@ -158,7 +181,10 @@ class Store:
         self._metas: dict[bytes, tuple[ChunkMeta, int]] = {}
         self._meta_intern: dict[ChunkMeta, ChunkMeta] = {}  # one ChunkMeta object per distinct shape
         self._reader = Reader(self)
+        # Copies the writer had to skip are owed (journal in the first tier's folder) and paid in the background.
+        self.owed = OwedReplicas(self.tiers[0].root / "owed", config.node_id, names)
         self._writer = Writer(self)
+        self._catch_up = CatchUp(self, self.owed)
 
     # -- lifecycle ------------------------------------------------------------------------------------------
     def __enter__(self) -> "Store":
@@ -179,6 +205,7 @@ class Store:
             return CloseReport(drained=True)
         if timeout is None:
             timeout = self.config.close_timeout_s
+        self._catch_up.stop()  # what is still owed stays in the journal for the next open
         self.flush()
         drained = self.drain(timeout)
         self._closed = True
@@ -187,13 +214,14 @@ class Store:
         stuck: list[str] = []
         errors: list[str] = []
         for t in self.tiers:
-            if t.write_ring.inflight() or t.read_ring.inflight():
+            if self._writer.backlog(t.position) or t.write_ring.inflight() or t.read_ring.inflight():
                 stuck.append(t.name)
                 threading.Thread(target=self._close_tier_when_idle, args=(t,), name=f"kvs-close-{t.name}",
                                  daemon=True).start()
                 continue
             if (err := self._close_tier(t)) is not None:
                 errors.append(err)
+        self.owed.close()
         if stuck:
             log.warning("close: tier(s) %s still had I/O in flight after %.1f s (a stalled device?); their "
                         "unfinished copies are not written there, and their rings close once it completes",
@@ -211,6 +239,10 @@ class Store:
         return None
 
     def _close_tier_when_idle(self, t: DirectoryTier) -> None:
+        # A writer thread blocked in create() on a frozen file system holds a copy that is still counted in
+        # the backlog; closing the index (ftruncate) under it would block this thread instead, which is fine.
+        while self._writer.backlog(t.position):
+            time.sleep(0.05)
         t.write_ring.drain()
         t.read_ring.drain()
         self._close_tier(t)
@@ -342,12 +374,18 @@ class Store:
         for i, chunk in self.read_chunks(keys):
             yield i, (chunk.payload if chunk is not None else None)
 
-    def read_chunks(self, keys: Sequence[bytes], *, metas: Sequence[AccessMeta | None] | None = None
+    def read_chunks(self, keys: Sequence[bytes], *, metas: Sequence[AccessMeta | None] | None = None,
+                    compute: Callable[[list[bytes], list[list[int]]], ComputeRequest | None] | None = None
                     ) -> Iterator[tuple[int, Chunk | None]]:
         """Like :meth:`read_iter`, with each chunk's header metadata and source. Every index is yielded once.
 
         A payload is a read-only view that pins its buffer: it stays valid and unchanged for as long as the
-        caller holds it, whatever other threads put, evict or read meanwhile."""
+        caller holds it, whatever other threads put, evict or read meanwhile.
+
+        ``compute`` (a serving engine with a GPU, :mod:`kvstream.compute`): called once with the chunks the step
+        must read from disk and their holders, it returns a :class:`ComputeRequest`: chunks to leave to the GPU
+        (not read; yielded as ``None``) and the front of the step the GPU recomputes while the tiers read the back.
+        A chunk the GPU recomputed is yielded as :data:`RECOMPUTED` (no payload)."""
         self._check_open()
         t_start = time.perf_counter()
         hits, disk_idx, holders, misses = self._plan_read(keys, metas)
@@ -356,18 +394,34 @@ class Store:
                 yield i, Chunk(key=keys[i], meta=e.header.meta, payload=view, source="memory")
         finally:
             hits.clear()  # drops the pins the caller did not take (it stopped early); its own views live on
+        req = compute([keys[i] for i in disk_idx], holders) if compute is not None and disk_idx else None
+        left: list[int] = []
+        if req is not None and req.leave:
+            keep = [p for p, i in enumerate(disk_idx) if keys[i] not in req.leave]
+            left = [i for i in disk_idx if keys[i] in req.leave]
+            disk_idx, holders = [disk_idx[p] for p in keep], [holders[p] for p in keep]
+        disk_keys = [keys[i] for i in disk_idx]
+
+        def on_end(step: ReadStep) -> None:
+            self._after_read(disk_keys, holders, step)
+            if req is not None and req.on_step is not None:
+                req.on_step(step)
+
         if disk_idx:
-            for out in self._reader.run([keys[i] for i in disk_idx], holders, "chunks",
-                                        metas=[metas[i] for i in disk_idx] if metas else None,
-                                        on_end=lambda step: self._after_read([keys[i] for i in disk_idx], holders,
-                                                                             step)):
+            for out in self._reader.run(disk_keys, holders, "chunks",
+                                        metas=[metas[i] for i in disk_idx] if metas else None, on_end=on_end,
+                                        compute=req.plan if req is not None else None):
                 i = disk_idx[out.j]
                 if out.kind == "delivered":
                     assert out.header is not None and out.payload is not None
                     yield i, Chunk(key=keys[i], meta=out.header.meta, payload=out.payload, source=out.source)
+                elif out.kind == "computed":
+                    yield i, RECOMPUTED
                 else:
                     self._c["lost_chunks"] += 1
                     misses.append(i)
+        for i in left:  # left to the GPU by the caller: not a miss of the store's
+            yield i, None
         for i in misses:
             self._c["misses"] += 1
             yield i, None
@@ -445,7 +499,8 @@ class Store:
         metas[header.key] = (meta, header.payload_len)
 
     def read_into(self, keys: Sequence[bytes], targets: Sequence[Any], *,
-                  on_target_free: Callable[[int], None] | None = None) -> Iterator[tuple[int, ReadIntoResult]]:
+                  on_target_free: Callable[[int], None] | None = None,
+                  metas: Sequence[AccessMeta | None] | None = None) -> Iterator[tuple[int, ReadIntoResult]]:
         """Read a step straight into the caller's buffers: ``targets[i]`` (writable, C-contiguous) receives chunk
         ``i``'s payload. Yields ``(i, ReadIntoResult)`` once for every index, as each lands (memory hits
         first, misses last).
@@ -453,7 +508,8 @@ class Store:
         A target whose address is 4 KiB-aligned and that holds the payload rounded up to 4 KiB (see
         :meth:`get_meta`) is read with O_DIRECT into place (no copy, no host-memory copy kept) when the
         fastest tier reads it; any other read goes through a pooled buffer and is copied in. The payload is
-        verified in the target before it is reported.
+        verified in the target before it is reported. ``metas`` (session, previous answer length...) feed the
+        host-memory eviction policy, as in :meth:`read_chunks`.
 
         Invariant: a read into a target cannot be taken back, so a target is reported only once no read into
         it is still in flight, and the generator ends only when none is: a second copy (a steal, or a hedged
@@ -467,12 +523,14 @@ class Store:
         self._check_open()
         if len(targets) != len(keys):
             raise UsageError(f"read_into: {len(keys)} keys but {len(targets)} targets")
+        if metas is not None and len(metas) != len(keys):
+            raise UsageError(f"read_into: {len(keys)} keys but {len(metas)} metas")
         t_start = time.perf_counter()
         bufs = [CallerBuffer(t) for t in targets]
         busy: set[int] = set()
         hits: list[tuple[int, MemEntry, memoryview]] = []
         try:
-            hits, disk_idx, holders, absent = self._plan_read(keys, None)
+            hits, disk_idx, holders, absent = self._plan_read(keys, metas)
             for i, e, view in hits:
                 n = e.header.payload_len
                 if n > bufs[i].capacity:
@@ -488,6 +546,7 @@ class Store:
                 free = None if on_target_free is None else (lambda j: on_target_free(disk_idx[j]))
                 for out in self._reader.run([keys[i] for i in disk_idx], holders, "into",
                                             targets=[bufs[i] for i in disk_idx], on_target_free=free,
+                                            metas=[metas[i] for i in disk_idx] if metas else None,
                                             on_end=lambda step: self._after_read([keys[i] for i in disk_idx],
                                                                                  holders, step)):
                     i = disk_idx[out.j]
@@ -570,6 +629,7 @@ class Store:
         """Counters for operators and benchmarks; ``write_amplification`` = bytes written / bytes put."""
         tiers = {}
         written = 0
+        owed = self.owed.counts()
         for t in self.tiers:
             c = t.counters
             written += c.write_bytes
@@ -593,12 +653,14 @@ class Store:
                 "read_latency_p99_s": lat[min(len(lat) - 1, int(len(lat) * 0.99))] if lat else None,
                 "circuit": self.health[t.position].state, "circuit_opened": self.health[t.position].opened,
                 "index_load_s": t.index.load_seconds, "removed_temporaries": t.removed_temporaries,
+                "replicas_owed": owed[t.name],
             }
         c = dict(self._c)
         return {
             "io_engine": self.engine.name, "router": self.config.router, "replication": self.config.replication,
             **c,
             "write_amplification": written / c["put_file_bytes"] if c["put_file_bytes"] else 0.0,
+            "catch_up_copies": self._catch_up.copies_started, "catch_up_reads": self._catch_up.reads,
             "memory": {"capacity_bytes": self.memory.capacity_bytes, "used_bytes": self.memory.used_bytes(),
                        "chunks": len(self.memory), "hits": self.memory.hits, "evictions": self.memory.evictions,
                        "overflow_buffers": self.memory.overflow_buffers,

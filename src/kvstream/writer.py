@@ -7,7 +7,9 @@ tier's write ring (separate from its read ring); the completion is handed to the
 index record), so a slow publish never delays the reaping of reads, and a frozen file system never holds the
 caller. An entry stays dirty (never evicted: it may be the only copy) until every copy is written or has failed.
 A copy that cannot be written (disk full after eviction and one retry, EIO) is skipped and counted, never
-retried forever; a *second* copy is skipped while its tier's unfinished writes exceed ``write_backlog_bytes``.
+retried in a loop; a *second* copy is skipped while its tier's unfinished writes exceed ``write_backlog_bytes``.
+A skipped second copy (backlog, open breaker, I/O error) is owed, not dropped: :mod:`kvstream.replica_debt`
+writes it once the tier can take it.
 
 Locks: the store's ``_lock`` guards the pending list together with host-memory inserts and removes;
 ``_writes_cv`` the in-flight counts.
@@ -37,6 +39,7 @@ __all__ = ["Writer"]
 
 log = logging.getLogger("kvstream.store")
 _ENOSPC, _EDQUOT = 28, 122
+_ESTALE = 116
 _ENFILE, _EMFILE = 23, 24  # this process (or the system) is out of file descriptors: not the tier's fault
 
 
@@ -55,6 +58,7 @@ class Writer:
         self._pending: list[_PendingWrite] = []  # guarded by store._lock
         self._writes_inflight = 0
         self._write_backlog = [0] * n  # bytes handed to each tier's writer and not finished
+        self._copying: set[tuple[int, bytes]] = set()  # (tier, key) of copies handed over and not finished
         self._backlog_limit = [t.cfg.write_backlog_bytes if t.cfg.write_backlog_bytes is not None
                                else store.config.memory_bytes // 2 for t in store.tiers]
         self._writes_cv = threading.Condition(threading.Lock())
@@ -68,11 +72,30 @@ class Writer:
         """After :meth:`drain`: let the writer and publisher threads end (``wait=False``: a drain timed out on a
         stalled tier; do not wait for a writer thread blocked on it, it ends when its write does)."""
         for w in self._writers:
-            w.shutdown(wait=wait, cancel_futures=not wait)
+            # Queued copies still run (not cancelled): each is counted in its tier's backlog, which the
+            # background closer of a stalled tier waits on, and they land once the tier moves again.
+            w.shutdown(wait=wait)
         self._publisher.shutdown(wait=wait)
 
     def backlog(self, t: int) -> int:
         return self._write_backlog[t]
+
+    def backlog_limit(self, t: int) -> int:
+        return self._backlog_limit[t]
+
+    def order_copy(self, key: bytes, t: int) -> bool:
+        """Queue a copy of ``key`` to tier ``t`` for the next flush, if its payload is in host memory (the
+        catch-up of owed replicas, :mod:`kvstream.replica_debt`). The entry is dirty (kept) until written."""
+        store = self.store
+        with store._lock:
+            e = store.memory.peek(key)
+            if e is None or e.removed or (t, key) in self._copying:
+                return False
+            if any(pw.entry.key == key and (pw.tiers is None or t in pw.tiers) for pw in self._pending):
+                return False
+            store.memory.mark_dirty(e)
+            self.enqueue(e, frozenset((t,)))
+        return True
 
     # -- pending copies (callers hold store._lock) -----------------------------------------------------------
     def enqueue(self, entry: MemEntry, tiers: frozenset[int] | None) -> None:
@@ -124,9 +147,12 @@ class Writer:
                     continue
                 if not self.store._usable(t, now):
                     tier.counters.write_skipped_unhealthy += 1
+                    self.store.owed.owe(tier.name, entry.key)
                     continue
                 if copies and self._write_backlog[t] >= self._backlog_limit[t]:
                     tier.counters.write_skipped_backlog += 1
+                    if self._backlog_limit[t] > 0:  # deferred, not dropped (0: the operator wants one copy)
+                        self.store.owed.owe(tier.name, entry.key)
                     continue
                 if self._submit_write(tier, entry):
                     submitted += 1
@@ -143,6 +169,7 @@ class Writer:
         with self._writes_cv:
             self._writes_inflight += 1
             self._write_backlog[tier.position] += fsize
+            self._copying.add((tier.position, entry.key))
         try:
             self._writers[tier.position].submit(self._start_write, tier, entry, attempt)
         except RuntimeError:  # closing: the writer threads are gone
@@ -161,7 +188,7 @@ class Writer:
                 fd, tmp = tier.create_temp(entry.key)
             except OSError as exc:
                 tier.unreserve(fsize)
-                self._write_failed(tier, -(exc.errno or 5))
+                self._write_failed(tier, entry.key, -(exc.errno or 5))
                 self._write_over(tier, entry, fsize)
                 return
         except Exception:  # a writer thread must answer for every copy it was given
@@ -183,6 +210,7 @@ class Writer:
         with self._writes_cv:
             self._writes_inflight -= 1
             self._write_backlog[tier.position] -= fsize
+            self._copying.discard((tier.position, entry.key))
             self._writes_cv.notify_all()
 
     def _on_write_done(self, op: IOOp) -> None:
@@ -203,7 +231,11 @@ class Writer:
         except OSError as exc:
             ok, err = False, -(exc.errno or 5)
         finally:
-            os.close(op.fd)
+            try:
+                os.close(op.fd)
+            except OSError as exc:  # NFS-like clients report write-back errors here; FUSE may say ESTALE
+                if ok:
+                    ok, err = False, -(exc.errno or 5)
         self._finish_write(tier, entry, tmp, fsize, ok=ok, err=err, attempt=attempt)
 
     def _finish_write(self, tier: DirectoryTier, entry: MemEntry, tmp: str, fsize: int, *, ok: bool, err: int,
@@ -221,6 +253,7 @@ class Writer:
                     tier.publish(entry.key, tmp, fsize)
                     tier.counters.write_bytes += fsize
                     tier.counters.write_chunks += 1
+                    self.store.owed.paid(tier.name, entry.key)
                     self.store.health[tier.position].on_success()
                 except OSError as exc:
                     ok, err = False, -(exc.errno or 5)
@@ -229,7 +262,7 @@ class Writer:
             if not ok:
                 try:
                     os.unlink(tmp)
-                except FileNotFoundError:
+                except OSError:  # gone, or a stale handle: nothing of ours is left to remove
                     pass
                 tier.unreserve(fsize)
                 # Disk fuller than our share says (other users): evict this tier's own chunks and retry once,
@@ -237,18 +270,24 @@ class Writer:
                 if -err in (_ENOSPC, _EDQUOT) and attempt == 0 and not self.store._closed and tier.make_room(fsize):
                     tier.counters.write_retried_nospace += 1
                     self._submit_write(tier, entry, attempt=1)  # a second failure is counted there
+                elif -err == _ESTALE and attempt == 0 and not self.store._closed:
+                    # A shared tier's handle went stale (a peer's delete, a folder re-created): a new temporary
+                    # usually works; retried once, counted; a second ESTALE is a failure counted there.
+                    tier.counters.write_retried_stale += 1
+                    self._submit_write(tier, entry, attempt=1)
                 else:
-                    self._write_failed(tier, err)
+                    self._write_failed(tier, entry.key, err)
         finally:
             self._write_over(tier, entry, fsize)
 
-    def _write_failed(self, tier: DirectoryTier, err: int) -> None:
+    def _write_failed(self, tier: DirectoryTier, key: bytes, err: int) -> None:
         if -err in (_ENOSPC, _EDQUOT):
             tier.counters.write_skipped_full += 1
             # The file system is fuller than our capacity says (other users): shrink our share a little.
             tier.reserve(0)
         else:
             tier.counters.write_errors += 1
+            self.store.owed.owe(tier.name, key)  # written later from memory or another holder, if either has it
             if -err not in (_EMFILE, _ENFILE):
                 self.store.health[tier.position].on_failure(time.monotonic())
         log.warning("tier %s: write failed (%s); copy skipped", tier.name, os.strerror(-err) if err < 0 else err)

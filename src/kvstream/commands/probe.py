@@ -8,6 +8,12 @@ per-chunk read latency again under a concurrent write load on the same tier (the
 grows several-fold when reads and writes mix). Its files are removed at the end, also on error or Ctrl-C.
 
 Every figure is raw engine I/O (:mod:`kvstream.io.rawread`): no chunk format, no verification.
+
+Two PATHs on one device (one file system, or file systems on the same disk: partitions, LVM or device-mapper
+volumes, md arrays, loop files) are one channel, not two: the probe warns, because their "all tiers at once"
+figure then measures one device's bandwidth shared, not an aggregate. On a terminal a progress bar on stderr
+shows which measurement is running (a default probe moves 512 MiB per tier four times over, plus a window of up
+to 10 s with all tiers at once: tens of seconds on a slow disk).
 """
 
 from __future__ import annotations
@@ -20,8 +26,10 @@ import shutil
 import sys
 import tempfile
 import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 from kvstream.commands._common import console as _console
 from kvstream.commands._common import positive_int
@@ -31,7 +39,7 @@ from kvstream.io.buffers import ALIGN
 from kvstream.io.engine import IOEngine
 from kvstream.io.rawread import RawResult, direct_io_problem, read_files, read_tiers_concurrently, write_files
 
-__all__ = ["register", "parse_size", "probe"]
+__all__ = ["register", "parse_size", "probe", "same_device_warnings", "disks_behind"]
 
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 
@@ -49,7 +57,7 @@ def parse_size(text: str) -> int:
     return int(value)
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = subparsers.add_parser(
         "probe",
         help="measure each tier's read/write bandwidth, aggregate read bandwidth and per-chunk latency",
@@ -75,13 +83,132 @@ def _run(args: argparse.Namespace) -> int:
     if len(set(map(os.path.realpath, paths))) != len(paths):
         raise UsageError("each PATH must be a different folder")
     engine = make_engine(args.engine)
-    report = probe(paths, file_bytes=args.size, total_bytes=args.total, depth=args.depth, engine=engine)
+    warnings = same_device_warnings(paths)
+    for w in warnings:
+        print(f"probe: warning: {w}", file=sys.stderr)
+    with _progress(len(paths)) as step:
+        report = probe(paths, file_bytes=args.size, total_bytes=args.total, depth=args.depth, engine=engine,
+                       on_step=step)
+    report["warnings"] = warnings
     if args.json:
         json.dump(report, sys.stdout, indent=2)
         print()
     else:
         _print_table(report)
     return 0
+
+
+def _steps(n_paths: int) -> int:
+    """Measurements :func:`probe` runs: write and read each tier, all tiers at once, each tier under writes."""
+    return 3 * n_paths + 1
+
+
+@contextmanager
+def _progress(n_paths: int, stream: TextIO | None = None) -> Iterator[Callable[[str], None]]:
+    """A callback for :func:`probe`'s ``on_step``: a rich progress bar (one step per measurement, with the
+    elapsed time) on ``stream`` (stderr) when it is a terminal, else nothing (logs and pipes stay clean)."""
+    stream = sys.stderr if stream is None else stream
+    try:
+        tty = stream.isatty()
+    except (AttributeError, ValueError):
+        tty = False
+    if not tty:
+        yield lambda _what: None
+        return
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    with Progress(TextColumn("probe: {task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=Console(file=stream, force_terminal=True), transient=True) as bar:
+        task = bar.add_task("starting", total=_steps(n_paths))
+        started = False
+
+        def step(what: str) -> None:
+            nonlocal started
+            bar.update(task, description=what, advance=1 if started else 0)  # the previous measurement is done
+            bar.refresh()  # show the new measurement now, not at the next timed refresh
+            started = True
+
+        yield step
+        bar.update(task, completed=_steps(n_paths), description="done")
+
+
+# ── same device ────────────────────────────────────────────────────────────────────────────────────────────
+
+
+def _mount_source(dev: int) -> str | None:
+    """The mount source (``/dev/...`` or a remote name) of the file system with device number ``dev``."""
+    want = f"{os.major(dev)}:{os.minor(dev)}"
+    try:
+        lines = Path("/proc/self/mountinfo").read_text().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        fields = line.split()
+        if len(fields) > 3 and fields[2] == want and "-" in fields:
+            rest = fields[fields.index("-") + 1:]
+            return rest[1] if len(rest) > 1 else None
+    return None
+
+
+def disks_behind(path: Path, *, sysfs: Path = Path("/sys"), _depth: int = 0) -> frozenset[str]:
+    """The whole block devices (``nvme0n1``, ``sda``) that the file system holding ``path`` is stored on, through
+    partitions, device-mapper/LVM and md (their ``slaves``) and loop devices (their backing file); empty when
+    there is none to find (tmpfs, NFS, Lustre: no local block device) or sysfs does not say."""
+    dev = os.stat(path).st_dev
+    node = sysfs / "dev" / "block" / f"{os.major(dev)}:{os.minor(dev)}"
+    if not node.exists():  # an anonymous device number (btrfs, overlay, network): the mount source may name one
+        src = _mount_source(dev) if sysfs == Path("/sys") else None
+        if not src or not src.startswith("/dev/"):
+            return frozenset()
+        try:
+            rdev = os.stat(src).st_rdev
+        except OSError:
+            return frozenset()
+        node = sysfs / "dev" / "block" / f"{os.major(rdev)}:{os.minor(rdev)}"
+        if not node.exists():
+            return frozenset()
+    return _whole_disks(node.resolve(), sysfs, _depth)
+
+
+def _whole_disks(d: Path, sysfs: Path, depth: int) -> frozenset[str]:
+    if depth > 8:  # a loop file on a loop device on ...: stop somewhere
+        return frozenset({d.name})
+    slaves = d / "slaves"
+    if slaves.is_dir() and any(slaves.iterdir()):  # dm, LVM, md: every device underneath
+        return frozenset().union(*(_whole_disks(s.resolve(), sysfs, depth + 1) for s in slaves.iterdir()))
+    backing = d / "loop" / "backing_file"
+    if backing.is_file():  # a loop device: the disks of the file system its file lives on
+        try:
+            under = disks_behind(Path(backing.read_text().strip()).parent, sysfs=sysfs, _depth=depth + 1)
+        except OSError:
+            under = frozenset()
+        return under or frozenset({d.name})
+    if (d / "partition").exists():  # a partition: its disk is the parent folder
+        return frozenset({d.parent.name})
+    return frozenset({d.name})
+
+
+def same_device_warnings(paths: list[Path], *, sysfs: Path = Path("/sys")) -> list[str]:
+    """One line for each pair of ``paths`` that are on one file system or one disk (see the module docstring)."""
+    info = []
+    for p in paths:
+        try:
+            info.append((p, os.stat(p).st_dev, disks_behind(p, sysfs=sysfs)))
+        except OSError:  # a missing folder is reported by the measurement itself, naming the path
+            continue
+    out = []
+    what = ("so their 'all tiers at once' figure is one device's bandwidth shared, not two channels "
+            "(give each tier's own mount)")
+    for i, (a, dev_a, disks_a) in enumerate(info):
+        for b, dev_b, disks_b in info[i + 1:]:
+            if dev_a == dev_b:
+                out.append(f"{a} and {b} are on the same file system (device {os.major(dev_a)}:{os.minor(dev_a)}), "
+                           + what)
+            elif disks_a & disks_b:
+                out.append(f"{a} and {b} are on different file systems on the same disk "
+                           f"({', '.join(sorted(disks_a & disks_b))}), " + what)
+    return out
 
 
 # ── measurement ────────────────────────────────────────────────────────────────────────────────────────────
@@ -157,8 +284,11 @@ def _mixed(files: list[Path], load: list[Path], file_bytes: int, depth: int, eng
     return {"read_gbps": _gbps(read), **{f"read_{k}": v for k, v in _latency_ms(read).items()}, "write_gbps": _gbps(w)}
 
 
-def probe(paths: list[Path], *, file_bytes: int, total_bytes: int, depth: int, engine: IOEngine) -> dict[str, Any]:
-    """Run every measurement; returns the report (the JSON output). Removes its files whatever happens."""
+def probe(paths: list[Path], *, file_bytes: int, total_bytes: int, depth: int, engine: IOEngine,
+          on_step: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """Run every measurement; returns the report (the JSON output). Removes its files whatever happens.
+    ``on_step(what)`` is called as each of the ``3 * len(paths) + 1`` measurements starts."""
+    step = on_step or (lambda _what: None)
     n = max(1, total_bytes // file_bytes)
     n_load = max(1, n // 2)
     need = (n + n_load) * file_bytes + (64 << 20)
@@ -175,16 +305,19 @@ def probe(paths: list[Path], *, file_bytes: int, total_bytes: int, depth: int, e
             "tiers": {},
         }
         for name in works:
+            step(f"writing {name}")
             w = write_files(files[name], file_bytes, engine=engine, depth=depth, label="probe-write")
             report["tiers"][name] = {"write_gbps": _gbps(w)}
         slowest = 0.0
         for name in works:
+            step(f"reading {name}")
             r = read_files(files[name], engine=engine, depth=depth, op_bytes=file_bytes, latencies=True, label="probe-read")
             report["tiers"][name].update({"read_gbps": _gbps(r), **{f"read_{k}": v for k, v in _latency_ms(r).items()}})
             slowest = max(slowest, r.seconds)
         # All tiers for one common window (as long as the slowest tier's pass alone, 1-10 s): each tier's
         # bandwidth while the others read too, and their sum, the aggregate-bandwidth bound.
         window = min(max(slowest, 1.0), 10.0)
+        step(f"reading all tiers at once for {window:.1f} s")
         agg = read_tiers_concurrently(files, engine=engine, depth=depth, op_bytes=file_bytes, seconds=window)
         for name, r in agg.tiers.items():
             report["tiers"][name]["read_in_aggregate_gbps"] = _gbps(r)
@@ -197,6 +330,7 @@ def probe(paths: list[Path], *, file_bytes: int, total_bytes: int, depth: int, e
         }
         for name, work in works.items():
             load = [work / f"load-{i:05d}.bin" for i in range(n_load)]
+            step(f"reading {name} under a write load")
             report["tiers"][name]["under_write_load"] = _mixed(files[name], load, file_bytes, depth, engine)
         return report
     finally:
@@ -239,3 +373,5 @@ def _print_table(report: dict[str, Any]) -> None:
     ratio = a["ratio_to_sum_of_alone"]
     tail = f" = {ratio:.0%} of the sum of each tier alone ({a['sum_of_alone_gbps']:.2f} GB/s)" if ratio else ""
     console.print(f"all tiers read at once (sum of the column above, the aggregate-bandwidth bound): {a['read_gbps']:.2f} GB/s{tail}")
+    for w in report.get("warnings", []):  # said on stderr at the start too; repeated beside the figure it qualifies
+        console.print(f"warning: {w}")

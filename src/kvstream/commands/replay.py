@@ -8,6 +8,9 @@
 
 Each system runs the same requests from a cold, empty store: ``kvstream`` (KVStream's two-tier reads + Bidaw's
 scheduling and hit-potential eviction), ``kvstream-only`` (two tiers, meet-in-the-middle, FCFS, LRU),
+``kvstream+compute`` (kvstream-only, and the modelled GPU recomputes each blocking load's front while the tiers
+read its back, stopping where they meet: :mod:`kvstream.compute`; ``recompute-only`` and ``load-only`` are its
+other baselines, by name),
 ``bidaw-only`` (one local tier, Bidaw's ready / preparing queues with disk-HRRN and its hit-potential eviction)
 and ``lmcache-like`` (one local tier, one request's read after another, FCFS, LRU, writes flushed at once). Every
 forward step waits its modelled time, so all storage time is real I/O. Prints a table, writes ``replay.png``
@@ -22,7 +25,7 @@ class of both papers' testbeds), and 15-17 ms to read at the 2.9-3.3 GB/s this p
 store (one tier / both): 1.5-2.7x, the range of KVStream's "up to 2.2x". The workload is a coding agent's: 6
 interleaved sessions whose prompts grow from 5k to 14-18k tokens over a shared 2k-token system prompt, short
 tool calls, 88 % of prompt chunks reused, about 11 GiB of KV (five times host memory), loads of hundreds of MB, 48 requests in one minute,
-so four systems finish in about 4.5 minutes. Nothing in it is set per system: the four share the workload,
+so the default systems finish in about 6 minutes. Nothing in it is set per system: they share the workload,
 GPU, memory sizes and tiers. The earlier default, ``--preset agent-small`` (Qwen2.5-1.5B on an H100, 7 MiB
 chunks), stays available: there recomputing a chunk (2-3 ms) costs what reading it does (2.5 ms), disk loads
 were ~15 % of TTFT, and a disk KV cache would not be worth having.
@@ -53,7 +56,11 @@ from kvstream.errors import UsageError
 
 __all__ = ["register", "run_replay", "SYSTEMS", "disk_warning"]
 
-SYSTEMS = ("kvstream", "kvstream-only", "bidaw-only", "lmcache-like")
+SYSTEMS = ("kvstream", "kvstream-only", "kvstream+compute", "bidaw-only", "lmcache-like")
+# The other baselines of compute joins the meet-in-the-middle (kvstream.compute), by name only:
+# ``--systems kvstream+compute,kvstream-only,recompute-only,load-only`` is that comparison.
+COMPUTE_SYSTEMS = ("recompute-only", "load-only")
+ALL_SYSTEMS = SYSTEMS + COMPUTE_SYSTEMS
 
 DEFAULT_PRESET = "agent-long"
 # The model, GPU and memory sizes a workload is replayed with, unless --model/--gpu/--tp/--memory/--gpu-kv/
@@ -105,7 +112,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--tier", action="append", default=[], metavar="NAME=PATH",
                    help="a tier folder (give two: local first, then shared); default: folders under --out")
     p.add_argument("--out", default="kvstream-out", help="folder for tiers (unless --tier) and results")
-    p.add_argument("--systems", default=",".join(SYSTEMS), help=f"comma-separated subset of {', '.join(SYSTEMS)}")
+    p.add_argument("--systems", default=",".join(SYSTEMS),
+                   help=f"comma-separated subset of {', '.join(ALL_SYSTEMS)} (default: {', '.join(SYSTEMS)})")
     long_, small = SETUPS[DEFAULT_PRESET], SETUPS["agent-small"]
 
     def dflt(key: str) -> str:
@@ -187,7 +195,19 @@ def _system(name: str) -> dict[str, Any]:
     if name == "lmcache-like":
         return {"tiers": 1, "router": "single", "replication": "single", "memory_eviction": "lru",
                 "serving": ServingConfig(load_mode="request", defer_writes=False)}
-    raise UsageError(f"unknown system {name!r}; known: {', '.join(SYSTEMS)}")
+    # The compute comparison (kvstream.compute): kvstream-only, and the GPU recomputing each blocking load's
+    # front while the tiers read its back; recompute-only (the tiers are written, never read); load-only (one
+    # local tier, step loads: Cake's loading baseline).
+    if name == "kvstream+compute":
+        return {"tiers": 2, "router": "mitm", "replication": "full", "memory_eviction": "lru",
+                "serving": ServingConfig(compute=True), "compute": True}
+    if name == "recompute-only":
+        return {"tiers": 2, "router": "mitm", "replication": "full", "memory_eviction": "lru",
+                "serving": ServingConfig(), "read_disk": False}
+    if name == "load-only":
+        return {"tiers": 1, "router": "single", "replication": "single", "memory_eviction": "lru",
+                "serving": ServingConfig()}
+    raise UsageError(f"unknown system {name!r}; known: {', '.join(ALL_SYSTEMS)}")
 
 
 def _run_one(name: str, reqs: list[Any], tiers: list[tuple[str, Path]], args: argparse.Namespace, *,
@@ -225,7 +245,15 @@ def _run_one(name: str, reqs: list[Any], tiers: list[tuple[str, Path]], args: ar
         bw = args.emulate_gbps * 1e9
         engine = ThrottledEngine(engine, {f"{use[1][0]}-r": bw, f"{use[1][0]}-w": bw})
     store = open_store(cfg, engine=engine)
-    backend = StoreBackend(store, model=cost.model.name, chunk_bytes=chunk_bytes)
+    compute = None
+    if sysd.get("compute"):
+        from kvstream.compute import ComputePolicy
+
+        # Its prior: each tier's read bandwidth measured alone before the systems ran (as the simulator's
+        # policy starts from its tiers' nominal bandwidth); the loads' own measurements take over.
+        compute = ComputePolicy(n_tiers=len(use), bandwidth=[measured[tname]["read_bw"] for tname, _ in use])
+    backend = StoreBackend(store, model=cost.model.name, chunk_bytes=chunk_bytes, compute=compute,
+                           read_disk=sysd.get("read_disk", True))
     mem = parse_size(args.memory, "--memory")
     serving = dataclasses.replace(
         sysd["serving"], hbm_capacity_tokens=max(parse_size(args.gpu_kv, "--gpu-kv") // cost.kv_bytes_per_token, 1),
@@ -252,7 +280,8 @@ def _run_one(name: str, reqs: list[Any], tiers: list[tuple[str, Path]], args: ar
     core.metrics.storage = {"write_amplification": stats["write_amplification"],
                             **{f"read_bytes_{k}": v["read_bytes"] for k, v in stats["tiers"].items()},
                             **{f"write_bytes_{k}": v["write_bytes"] for k, v in stats["tiers"].items()},
-                            **{f"write_skipped_backlog_{k}": v["write_skipped_backlog"] for k, v in stats["tiers"].items()}}
+                            **{f"write_skipped_backlog_{k}": v["write_skipped_backlog"] for k, v in stats["tiers"].items()},
+                            "computed_chunks": backend.computed_chunks}
     s = summarize(core.metrics, slo_s=args.slo)
     # Per-load read speed against the bound of the same run: disk bytes the loads (blocking and background
     # alike) brought, over the time a load was reading; the bound is the sum of this system's tiers' read

@@ -8,6 +8,10 @@ The page has one section per scenario (NAME.json written by ``kvstream simulate`
 paper figure vs this project's figure with a verdict, and its PNG embedded; and one per replay (``replay.json``
 written by ``kvstream replay``): its set-up, TTFT and bytes read per tier for each system, and ``replay.png``
 (TTFT CDFs, bytes per tier over time). The page is a single self-contained file.
+
+Each section says how its result was made, from what the command recorded in its JSON: the kvstream version,
+the command line and whether ``--quick`` was used (a shrunk run whose verdicts may differ); the top of the page
+says how many results were quick runs and which versions wrote them, and which kvstream wrote the page.
 """
 
 from __future__ import annotations
@@ -16,6 +20,8 @@ import argparse
 import base64
 import html
 import json
+import shlex
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +31,7 @@ _VERDICT_COLOUR = {"reproduced": "#d7f5d7", "beats": "#b9ecff", "close": "#fff3c
                    "info": "#eeeeee"}
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = subparsers.add_parser("report", help="gather simulate/replay results into one HTML page",
                               description=__doc__.split("\n\n")[0] if __doc__ else None)
     p.add_argument("--in", dest="inp", default="sim-out", metavar="DIR",
@@ -56,9 +62,35 @@ def _section(res: dict[str, Any], folder: Path) -> str:
     return (
         f"<h2 id='{html.escape(res['name'])}'>{html.escape(res['name'])}: {html.escape(res.get('title', ''))}</h2>"
         f"<p>{html.escape(res.get('setup', ''))} <small>(wall {res.get('wall_s', 0):.1f} s)</small></p>"
+        + _run_line(res) +
         "<table><tr><th>row</th><th>claim</th><th>paper</th><th>this project</th><th>verdict</th></tr>"
         + "".join(rows) + "</table>" + figs
     )
+
+
+def _command(argv: Any) -> str:
+    """A recorded ``sys.argv`` as a shell line, the program shown as ``kvstream`` rather than its full path."""
+    if isinstance(argv, str):
+        return argv
+    if not isinstance(argv, list) or not argv:
+        return "?"
+    prog = Path(str(argv[0])).name
+    if prog in ("__main__.py", "cli.py", ""):  # python -m kvstream
+        prog = "kvstream"
+    return shlex.join([prog, *map(str, argv[1:])])
+
+
+def _run_line(res: dict[str, Any]) -> str:
+    """How a result was made: version, command line and ``--quick``, as recorded in its JSON."""
+    if "version" not in res and "command_line" not in res:
+        return ("<p class='run'><small>run: version and command line not recorded in this result (an older "
+                "kvstream wrote it)</small></p>")
+    parts = [f"kvstream {html.escape(str(res.get('version', '?')))}",
+             f"<code>{html.escape(_command(res.get('command_line')))}</code>"]
+    if "quick" in res:
+        parts.append("<span style='background:#fff3c4'><b>--quick</b>: a shrunk run; its verdicts may differ from a "
+                     "full run's</span>" if res["quick"] else "full run (no --quick)")
+    return "<p class='run'><small>run: " + " · ".join(parts) + "</small></p>"
 
 
 def _f(x: Any, fmt: str = ".3f") -> str:
@@ -87,7 +119,7 @@ def _replay_section(res: dict[str, Any], folder: Path, anchor: str) -> str:
     notes = "".join(f"<p><small>note: {html.escape(str(n))}</small></p>" for n in res.get("notes", []))
     return (
         f"<h2 id='{html.escape(anchor)}'>{html.escape(anchor)}: real store, modelled GPU</h2>"
-        f"<p>{html.escape(setup)}</p>{notes}"
+        f"<p>{html.escape(setup)}</p>{_run_line(res)}{notes}"
         "<table><tr>" + "".join(f"<th>{html.escape(h)}</th>" for h in head) + "</tr>" + "".join(rows) + "</table>"
         + (_img(folder / "replay.png") if res.get("figure", "") is not None
            else "<p><i>no figure: matplotlib was not installed for this replay</i></p>")
@@ -118,10 +150,26 @@ def find_results(folder: Path) -> list[tuple[str, Path, dict[str, Any]]]:
     return found
 
 
+def _summary(results: list[dict[str, Any]]) -> str:
+    """The page's first lines: which kvstream wrote it, which versions wrote the results, how many were quick."""
+    from kvstream import __version__
+
+    lines = [f"this page: kvstream {html.escape(__version__)}, <code>{html.escape(_command(sys.argv))}</code>"]
+    versions = sorted({str(r["version"]) for r in results if "version" in r})
+    if versions:
+        lines.append("results written by kvstream " + ", ".join(html.escape(v) for v in versions))
+    quick = sum(1 for r in results if r.get("quick"))
+    if quick:
+        lines.append(f"<span style='background:#fff3c4'><b>{quick} of {len(results)} results ran with --quick</b> "
+                     "(a shrunk workload: their verdicts may differ from a full run's)</span>")
+    return "<p><small>" + "<br>".join(lines) + "</small></p>"
+
+
 def build_report(folder: Path) -> str:
     sections = []
     anchors = []
-    for kind, path, data in find_results(folder):
+    results = find_results(folder)
+    for kind, path, data in results:
         if kind == "scenario":
             anchors.append(data["name"])
             sections.append(_section(data, path.parent))
@@ -136,7 +184,7 @@ def build_report(folder: Path) -> str:
         "<style>body{font-family:sans-serif;max-width:1100px;margin:2em auto}table{border-collapse:collapse}"
         "td,th{border:1px solid #ccc;padding:4px 8px;vertical-align:top;font-size:90%}</style>"
         "<h1>kvstream results: the papers' figures beside this project's, and replays</h1>"
-        f"<p>{toc}</p>{body}"
+        f"{_summary([d for _, _, d in results])}<p>{toc}</p>{body}"
     )
 
 

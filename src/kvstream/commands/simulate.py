@@ -25,7 +25,7 @@ from kvstream.errors import UsageError
 
 __all__ = ["register", "overload_warning"]
 
-_SYSTEMS = ("kvstream", "lmcache", "bidaw", "kvstream+bidaw")
+_SYSTEMS = ("kvstream", "lmcache", "bidaw", "kvstream+bidaw", "kvstream+compute", "recompute-only", "load-only")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -88,7 +88,7 @@ def _run(args: argparse.Namespace) -> int:
 
 def _run_trace(args: argparse.Namespace) -> int:
     from kvstream.sim.driver import Hardware, simulate
-    from kvstream.sim.scenarios import GB, kvstream, lmcache, testbed_tiers
+    from kvstream.sim.scenarios import GB, compute_systems, kvstream, lmcache, testbed_tiers
     from kvstream.workload.mooncake import read_mooncake
 
     reqs = read_mooncake(args.trace, time_scale=args.time_scale)
@@ -100,6 +100,8 @@ def _run_trace(args: argparse.Namespace) -> int:
         "bidaw": lambda: kvstream((tiers[0],), host, name="Bidaw", router="single:nvme", replication="single",
                                   admit="ready", prefetch="hrrn"),
         "kvstream+bidaw": lambda: kvstream(tiers, host, name="kvstream+bidaw", admit="ready", prefetch="hrrn"),
+        # compute joins the meet-in-the-middle, and its baselines (kvstream.sim.scenarios.compute_systems)
+        **{k: (lambda k=k: compute_systems(tiers, host)[k]) for k in ("kvstream+compute", "recompute-only", "load-only")},
     }[args.system]()
     res = simulate([reqs], system, Hardware(gpu=args.gpu, model=args.model), seed=args.seed)
     s = res.summary

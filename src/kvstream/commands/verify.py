@@ -7,18 +7,25 @@ entry, sizes that disagree); and it looks at temporaries, the quarantine, file m
 folder. Exit status: 0 if nothing is bad (warnings allowed, unless ``--strict``), 1 if something is (each bad
 file is named on its own line), 2 if PATH is not a tier folder.
 
-Errors (exit 1): a chunk file that fails any check (``corrupt``), a file under ``chunks/`` that is not a chunk
-name at its place (``foreign``), an index entry whose file is gone (``missing``) or whose size differs
+Errors (exit 1): a chunk file that fails any check (``corrupt``; a header whose key is not the one the name
+says is one), a file under ``chunks/`` that is not a chunk name at its place (``foreign``), two directory
+entries under one chunk name (``duplicate``: two writers both won the publish, which GlusterFS allows now and
+then; readers check the header, so it costs a miss at most), an index entry whose file size differs
 (``size``), an unreadable or damaged snapshot (``index``).
 Warnings: a valid chunk the index does not list (``orphan``: a crash between publish and index append, or an
-index written elsewhere), a temporary file (``temporary``; ``stale`` if its writer is dead or it is older than
-an hour), a file or folder other users may read (``mode``), an unexpected entry in the folder (``extra``), a
-torn index log tail (``log``; normal after a crash).
+index written elsewhere), an index entry whose file is gone (``missing``: a crash between an eviction's unlink
+and its delete record; the store reads it as a miss, so verify agrees with it right after a crash), a temporary file (``temporary``; ``stale`` if its writer's lease is gone and it is
+older than the lease expiry, or it has no lease in its name and is older than an hour), a file or folder other
+users may read (``mode``), an unexpected entry in the folder (``extra``), a torn index log tail (``log``;
+normal after a crash), a repair left for later (``skipped``).
 
 ``--repair`` then moves bad chunk files (and foreign ones) to ``quarantine/`` (with a ``.why`` note), appends index records
 (a put for each valid orphan or size disagreement, a delete for each missing or bad file), deletes stale
 temporaries and drops group/other permission bits, and scans again; the exit status is the second scan's.
-Run it while no store has the folder open (stores on a ``shared`` tier follow index logs and see the repair).
+It is safe beside running stores, on a shared tier too: what a node holding a live lease may be writing (an
+orphan younger than the lease expiry: a publish whose put is not logged yet; a missing entry of a live node:
+perhaps a listing this client does not see yet) is not touched but reported as ``skipped``. Stores on a
+``shared`` tier follow index logs and see the repair.
 
 Nothing here deserialises data: a chunk's header is parsed by :func:`kvstream.format.decode_header` only.
 """
@@ -26,6 +33,7 @@ Nothing here deserialises data: a chunk's header is parsed by :func:`kvstream.fo
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import os
 import re
@@ -40,14 +48,16 @@ import xxhash
 
 from kvstream.errors import CorruptChunkError, UsageError
 from kvstream.format import HEADER_BYTES, decode_header
-from kvstream.tiers.files import MARKER, _MARKER_TEXT, _TMP_MAX_AGE_S
-from kvstream.tiers.index import OP_DEL, OP_PUT, TierIndex, _decode_log, _REC_BYTES, pid_alive
+from kvstream.tiers.files import MARKER, TMP_RE, _MARKER_TEXT, _TMP_MAX_AGE_S
+from kvstream.tiers.index import OP_DEL, OP_PUT, SNAPSHOT_SUFFIX, TierIndex, _decode_log, _parse_snapshot, _REC_BYTES
 
 __all__ = ["register", "verify_tier", "Finding", "TierReport"]
 
 _CHUNK_NAME = re.compile(r"^([0-9a-f]{2,128})\.kvc$")
-_TOP = {MARKER, "chunks", "tmp", "index", "quarantine"}
-_INDEX_FILES = re.compile(r"^(log-.*\.(log|closed)|snapshot\.idx|compact\.lock|snapshot\..*\.tmp)$")
+# node-id: the node's persistent id (tiers/lease.py); owed: the journal of replicas still owed (replica_debt.py)
+_TOP = {MARKER, "chunks", "tmp", "index", "quarantine", "node-id", "owed"}
+_INDEX_FILES = re.compile(r"^(log-.*\.(log|closed)|([0-9a-f]{16}\.)?snapshot\.idx|([0-9a-f]{16}\.)?compact\.lock|"
+                          r"snapshot\..*\.tmp|lease-[0-9a-f]{16}-[0-9a-f]{8})$")
 _READ_BLOCK = 4 << 20
 
 
@@ -56,7 +66,8 @@ class Finding:
     """One thing wrong (``error``) or worth knowing (``warning``) about one file."""
 
     severity: str  # "error" | "warning"
-    kind: str  # corrupt | foreign | missing | size | index | orphan | temporary | stale | mode | extra | log | marker
+    kind: str  # corrupt | foreign | duplicate | missing | size | index | orphan | temporary | stale | mode | extra
+    #            | log | marker | skipped
     file: str  # path relative to the tier folder
     detail: str
     key: str = ""  # chunk key (hex) where there is one
@@ -131,8 +142,19 @@ def _mode_problem(st: os.stat_result) -> str | None:
     return None
 
 
-def _scan(root: Path) -> tuple[TierReport, dict[str, Path], dict[bytes, int]]:
-    """One read-only pass. Returns the report, valid chunk files by key hex, and the index's live set."""
+@dataclass
+class _Context:
+    """What a repair needs from the scan: the index's owners of each key, the live leases, file ages."""
+
+    owners: dict[bytes, set[str]] = field(default_factory=dict)  # key -> node ids listing it
+    live_uids: set[str] = field(default_factory=set)  # nodes holding a live lease on this tier
+    expiry_s: float = 0.0
+    ages: dict[str, float] = field(default_factory=dict)  # chunk file (relative) -> seconds since its mtime
+
+
+def _scan(root: Path) -> tuple[TierReport, dict[str, Path], dict[bytes, int], _Context]:
+    """One read-only pass. Returns the report, valid chunk files by key hex, the index's live set and what a
+    repair needs to leave live nodes' work alone."""
     t0 = time.perf_counter()
     rep = TierReport(path=str(root))
     add = rep.findings.append
@@ -146,14 +168,23 @@ def _scan(root: Path) -> tuple[TierReport, dict[str, Path], dict[bytes, int]]:
 
     # The index, read-only: no compaction, no log of our own.
     live: dict[bytes, int] = {}
+    ctx = _Context()
     idx_dir = root / "index"
     if idx_dir.is_dir():
         idx = TierIndex(idx_dir, node_id="verify", writable=False)
-        try:
-            idx._read_snapshot()
-        except ValueError as exc:
-            add(Finding("error", "index", "index/snapshot.idx", str(exc).split(": ", 1)[-1]))
+        for entry in sorted(os.scandir(idx_dir), key=lambda e: e.name):
+            if entry.name == "snapshot.idx" or entry.name.endswith(SNAPSHOT_SUFFIX):
+                try:
+                    _parse_snapshot(Path(entry.path).read_bytes(), entry.name)
+                except (ValueError, OSError) as exc:
+                    why = str(exc).split(": ", 1)[-1] if isinstance(exc, ValueError) else f"unreadable: {exc.strerror}"
+                    add(Finding("error", "index", f"index/{entry.name}", why))
         live = dict(idx.items())
+        ctx.owners = {k: idx.owners(k) for k in live}
+        ctx.live_uids = idx.lease.live_uids()
+        ctx.expiry_s = idx.lease.expiry_s
+        live_writers = idx.lease.live()
+        now = idx.lease.reference()
         for entry in sorted(os.scandir(idx_dir), key=lambda e: e.name):
             rel = f"index/{entry.name}"
             if not _INDEX_FILES.match(entry.name):
@@ -172,6 +203,7 @@ def _scan(root: Path) -> tuple[TierReport, dict[str, Path], dict[bytes, int]]:
                                                        "of torn or foreign data (ignored)"))
     else:
         add(Finding("error", "index", "index", "no index folder"))
+        live_writers, now = {}, time.time()
     rep.index_entries = len(live)
 
     valid: dict[str, Path] = {}
@@ -179,9 +211,16 @@ def _scan(root: Path) -> tuple[TierReport, dict[str, Path], dict[bytes, int]]:
     chunks = root / "chunks"
     for dirpath, dirnames, filenames in os.walk(chunks):
         dirnames.sort()
-        for name in sorted(filenames):
+        counts: dict[str, int] = {}
+        for name in filenames:
+            counts[name] = counts.get(name, 0) + 1
+        for name in sorted(counts):
             p = Path(dirpath) / name
             rel = str(p.relative_to(root))
+            if counts[name] > 1:  # GlusterFS: two links of one name both succeeded (two files, one name)
+                m = _CHUNK_NAME.match(name)
+                add(Finding("error", "duplicate", rel, f"{counts[name]} directory entries under one name (two "
+                                                       "writers both won the publish)", m.group(1) if m else ""))
             m = _CHUNK_NAME.match(name)
             if p.is_symlink():
                 add(Finding("error", "foreign", rel, "symbolic link (the store never makes one; not followed)"))
@@ -192,12 +231,12 @@ def _scan(root: Path) -> tuple[TierReport, dict[str, Path], dict[bytes, int]]:
             key_hex = m.group(1)
             rep.chunk_files += 1
             try:
+                ctx.ages[rel] = now - p.stat().st_mtime
                 size, why = _check_chunk(p, key_hex)
-            except FileNotFoundError:
-                continue  # evicted while we looked
             except OSError as exc:
-                add(Finding("error", "corrupt", rel, f"unreadable: {exc.strerror}", key_hex))
-                continue
+                if exc.errno not in (errno.ENOENT, errno.ESTALE):
+                    add(Finding("error", "corrupt", rel, f"unreadable: {exc.strerror}", key_hex))
+                continue  # gone (evicted while we looked): nothing to check
             seen.add(key_hex)
             if why is not None:
                 add(Finding("error", "corrupt", rel, why, key_hex))
@@ -212,21 +251,25 @@ def _scan(root: Path) -> tuple[TierReport, dict[str, Path], dict[bytes, int]]:
     for key, size in sorted(live.items()):
         h = key.hex()
         if h not in seen:
-            add(Finding("error", "missing", f"chunks/{h[:2]}/{h[2:4]}/{h}.kvc", f"index lists {size} B, no file", h))
+            # A warning, as the store sees it: a listed chunk without its file reads as a miss (and its listing is
+            # dropped). A crash between an eviction's unlink and its delete record leaves exactly this, so verify
+            # must agree with the store right after a crash; --repair logs the delete.
+            add(Finding("warning", "missing", f"chunks/{h[:2]}/{h[2:4]}/{h}.kvc",
+                        f"index lists {size} B, no file (reads as a miss; --repair drops the listing)", h))
 
     tmp = root / "tmp"
     if tmp.is_dir():
-        now = time.time()
         for entry in sorted(os.scandir(tmp), key=lambda e: e.name):
-            parts = entry.name.split(".")
+            m = TMP_RE.match(entry.name)
             try:
                 age = now - entry.stat().st_mtime
-            except FileNotFoundError:
+            except OSError:
                 continue
-            dead = (len(parts) >= 5 and parts[-1] == "tmp" and parts[1] == os.uname().nodename
-                    and parts[2].isdigit() and not pid_alive(int(parts[2])))
-            if dead or age > _TMP_MAX_AGE_S:
-                why = "its writer is dead" if dead else f"{age / 3600:.1f} h old"
+            # A lease-named temporary is stale once its writer's lease is not live and the lease expiry has
+            # passed over it too; others (older versions) after an hour. Never a live writer's, on any node.
+            dead = m is not None and f"{m.group(1)}-{m.group(2)}" not in live_writers and age > ctx.expiry_s
+            if dead or (m is None and age > _TMP_MAX_AGE_S):
+                why = "its writer's lease is gone" if dead else f"{age / 3600:.1f} h old"
                 add(Finding("warning", "stale", f"tmp/{entry.name}", f"left by a crashed writer ({why})"))
             else:
                 add(Finding("warning", "temporary", f"tmp/{entry.name}", "being written (or by a writer on another node)"))
@@ -255,15 +298,30 @@ def _scan(root: Path) -> tuple[TierReport, dict[str, Path], dict[bytes, int]]:
     except OSError:
         pass
     rep.seconds = time.perf_counter() - t0
-    return rep, valid, live
+    return rep, valid, live, ctx
 
 
-def _repair(root: Path, rep: TierReport, live: dict[bytes, int]) -> list[str]:
+def _live_work(f: Finding, ctx: _Context) -> str | None:
+    """Why a repair of ``f`` could race a live node (then it is skipped), or None."""
+    if f.kind == "orphan" and ctx.live_uids and ctx.ages.get(f.file, 0.0) <= ctx.expiry_s:
+        return "a live node may not have logged this publish yet"
+    if f.kind in ("missing", "size") and f.key:
+        holders = ctx.owners.get(bytes.fromhex(f.key), set()) & ctx.live_uids
+        if holders:
+            return f"listed by live node(s) {', '.join(sorted(holders))}: this client may not see the file yet"
+    return None
+
+
+def _repair(root: Path, rep: TierReport, live: dict[bytes, int], ctx: _Context) -> tuple[list[str], list[Finding]]:
     done: list[str] = []
+    skipped: list[Finding] = []
     idx = TierIndex(root / "index", node_id="verify")
     try:
         for f in rep.findings:
             key = bytes.fromhex(f.key) if f.key else None
+            if (why := _live_work(f, ctx)) is not None:
+                skipped.append(Finding("warning", "skipped", f.file, f"{f.kind} not repaired: {why}", f.key))
+                continue
             if f.kind == "corrupt" and key is not None:
                 src = root / f.file
                 dst = root / "quarantine" / f"{f.key}.{int(time.time())}.kvc"
@@ -313,7 +371,7 @@ def _repair(root: Path, rep: TierReport, live: dict[bytes, int]) -> list[str]:
                     pass
     finally:
         idx.close()
-    return done
+    return done, skipped
 
 
 def verify_tier(path: str | os.PathLike[str], *, repair: bool = False) -> TierReport:
@@ -324,11 +382,12 @@ def verify_tier(path: str | os.PathLike[str], *, repair: bool = False) -> TierRe
         raise UsageError(f"{root}: no such folder")
     if not (root / MARKER).exists() and not (root / "chunks").is_dir():
         raise UsageError(f"{root}: not a kvstream tier folder (no {MARKER} marker, no chunks/)")
-    rep, _valid, live = _scan(root)
+    rep, _valid, live, ctx = _scan(root)
     if repair and (rep.errors or any(f.kind in ("orphan", "stale", "mode") for f in rep.findings)):
-        done = _repair(root, rep, live)
-        rep, _valid, _live = _scan(root)
+        done, skipped = _repair(root, rep, live, ctx)
+        rep, _valid, _live, _ctx = _scan(root)
         rep.repaired = done
+        rep.findings += skipped
     return rep
 
 

@@ -48,6 +48,12 @@ KEYS: dict[str, str] = {
                  "buffers, then copy",
     "prefetch_ttl_s": "free a started prefetch no one collected after this many seconds",
     "close_timeout_s": "how long close() waits for pending writes",
+    "shared_tiers": "NAME,NAME: tiers every node writes to (one folder for all nodes, e.g. on Lustre or CephFS); "
+                    "each node then owns and evicts only its own chunks there",
+    "node_id": "this node's label on shared tiers (default: the host name); nodes are told apart by a persistent "
+               "random id, so a label two nodes share does no harm",
+    "node_state_path": "file keeping this node's persistent id (default: node-id in the first node-local tier's "
+                       "folder); never on the shared file system",
 }
 
 # For docs/config.md (kvstream.config.reference_markdown): type and default of each key that sets no store
@@ -63,6 +69,7 @@ KEY_DEFAULTS: dict[str, tuple[str, str]] = {
     "read_into": ("bool", "true"),
     "prefetch_ttl_s": ("float", "120"),
     "close_timeout_s": ("float", "120"),
+    "shared_tiers": ("`NAME,...`", "— (no tier is shared)"),
 }
 
 # StoreConfig / TierConfig field -> the kvstream.<key> that sets it (the others: through kvstream.config_file)
@@ -71,8 +78,9 @@ STORE_KEYS: dict[str, str] = {
     "TierConfig.name": "tiers",
     "TierConfig.path": "tiers",
     "TierConfig.capacity_bytes": "capacity_bytes",
+    "TierConfig.shared": "shared_tiers",
     **{f"StoreConfig.{k}": k for k in ("memory_bytes", "router", "replication", "io_engine", "create_dirs",
-                                       "verify_reads", "hedge_after_s")},
+                                       "verify_reads", "hedge_after_s", "node_id", "node_state_path")},
 }
 
 # store fields a kvstream.<field> key may override, and how to read a string form of them
@@ -84,6 +92,8 @@ _STORE_OVERRIDES = {
     "create_dirs": "bool",
     "verify_reads": "bool",
     "hedge_after_s": "float?",
+    "node_id": "str",
+    "node_state_path": "str",
 }
 
 
@@ -188,6 +198,21 @@ def _capacities(value: Any, names: list[str]) -> dict[str, int]:
     return {n: size for n in names}
 
 
+def _mark_shared(data: dict[str, Any], value: Any) -> None:
+    """``kvstream.shared_tiers``: set ``shared: true`` on the tiers it names (from kvstream.tiers or the file).
+    A name that is no tier is an error: a tier believed shared but not marked would count and evict every
+    node's chunks as its own."""
+    key = _field("shared_tiers")
+    names = [n.strip() for n in _as_str("shared_tiers", value).split(",") if n.strip()]
+    tiers = data.get("tiers")
+    known = [t.get("name") for t in tiers if isinstance(t, Mapping)] if isinstance(tiers, (list, tuple)) else []
+    for n in names:
+        if n not in known:
+            raise ConfigError(key, f"names tier {n!r}, but the tiers are {', '.join(map(str, known)) or '(none)'}")
+    data["tiers"] = [dict(t, shared=True) if isinstance(t, Mapping) and t.get("name") in names else t
+                     for t in tiers]  # type: ignore[union-attr]
+
+
 def _load_file(value: Any) -> tuple[dict[str, Any], Path]:
     key = _field("config_file")
     path = Path(os.path.expanduser(_as_str("config_file", value))).resolve()
@@ -245,6 +270,8 @@ def parse_extra_config(extra: Mapping[str, Any] | None, *, default_pending_bytes
     elif "capacity_bytes" in opts:
         raise ConfigError(_field("capacity_bytes"), "only used with kvstream.tiers (the config file gives "
                                                     "each tier's capacity_bytes)")
+    if "shared_tiers" in opts:
+        _mark_shared(data, opts["shared_tiers"])
     for name, kind in _STORE_OVERRIDES.items():
         if name not in opts:
             continue

@@ -8,6 +8,7 @@ Configure LMCache with::
       storage_plugin.kvstream.class_name: KVStreamBackend
       kvstream.tiers: "local=/nvme/kvstream,shared=/lustre/kvstream"
       kvstream.capacity_bytes: "local=2TiB,shared=10TiB"
+      kvstream.shared_tiers: shared   # one folder for every node (docs/shared-tier.md)
 
 (or ``kvstream.config_file: /etc/kvstream.yaml``; every key is listed in
 :mod:`kvstream.integrations._lmcache_config`). LMCache asks its own CPU and disk tiers first and this plugin
@@ -60,7 +61,7 @@ from kvstream.errors import ConfigError, KVStreamError, StoreClosedError
 from kvstream.format import ChunkMeta
 from kvstream.integrations._lmcache_config import PluginOptions, attribute_error, flatten, parse_extra_config
 from kvstream.integrations._lmcache_keys import KeyMapper
-from kvstream.integrations._lmcache_metrics import PluginMetrics
+from kvstream.integrations._lmcache_metrics import PluginMetrics, TimedPuts
 from kvstream.integrations._lmcache_writer import WriteItem, WriteQueue
 from kvstream.store import Store, open_store
 
@@ -187,7 +188,8 @@ class KVStreamBackend(StoragePluginInterface):
             self._loader = ThreadPoolExecutor(max_workers=self.options.load_threads,
                                               thread_name_prefix="kvstream-lmcache-load")
             self._copier = ThreadPoolExecutor(max_workers=_COPY_THREADS, thread_name_prefix="kvstream-lmcache-copy")
-            self._writer = WriteQueue(self.store, payload_of=lambda o: o.byte_array.cast("B"), metrics=self.metrics,
+            self._writer = WriteQueue(TimedPuts(self.store, self.metrics),  # each put timed into the metrics
+                                      payload_of=lambda o: o.byte_array.cast("B"), metrics=self.metrics,
                                       flush_after_s=self.options.flush_after_s,
                                       max_pending_bytes=self.options.max_pending_write_bytes, on_tick=self._tick)
         except BaseException:
@@ -199,6 +201,7 @@ class KVStreamBackend(StoragePluginInterface):
             getattr(self.store, "read_into", None))
         self._hook_cpu_backend_close()
         self._log_ready()
+        self.metrics.sync_store(self.store.stats())  # capacity and usage on /metrics from the start, not the first tick
 
     def _hook_cpu_backend_close(self) -> None:
         """Quiesce before LMCache frees its CPU arena.

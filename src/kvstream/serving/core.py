@@ -24,6 +24,13 @@ Actions the driver must carry out, in the order given:
   when the GPU goes idle; without, right after the :class:`WriteChunks`.
 - :class:`ReleaseChunks` — unpin chunks a load pinned (the GPU has them now).
 
+Compute joins the load (``ServingConfig.compute``): a blocking load's :class:`StartLoad` carries
+``compute_s``, the GPU seconds to recompute each chunk of each item at its prefix position (the cost
+model's marginal prefill cost, over the share of the GPU free for it: :func:`kvstream.compute.gpu_share`). The
+store's read step may recompute that item's leading chunks while the tiers read the rest
+(:mod:`kvstream.compute`); :class:`LoadDone` says how many (``computed``): they are on the GPU, not pinned in
+host memory, and the step's prefill treats them as cached.
+
 Request lifecycle in the core (one table; anything else is a bug and raises)::
 
     WAITING --(admitted by the scheduler)--> STEP --StepDone--> DECODING --last token--> DONE
@@ -95,7 +102,9 @@ class Arrival:
 @dataclass(frozen=True, slots=True, kw_only=True)
 class LoadDone:
     load_id: int  # the StartLoad this answers
-    available: tuple[tuple[int, int], ...]  # (request id, leading chunks of its item now pinned in host memory)
+    available: tuple[tuple[int, int], ...]  # (request id, leading chunks of its item now available)
+    # (request id, how many of those leading chunks the GPU recomputed: on the GPU, not pinned in host memory)
+    computed: tuple[tuple[int, int], ...] = ()
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -115,6 +124,8 @@ class StartLoad:
     # per item: (session, previous answer tokens, turn within the session, prefix position of the item's first
     # chunk); readers may use only the first two (the simulator's storage does)
     metas: tuple[tuple[Hashable | None, int | None, int, int], ...] = ()
+    # per item: GPU seconds to recompute each of its chunks, in order (empty: the load may not recompute)
+    compute_s: tuple[tuple[float, ...], ...] = ()
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -159,6 +170,7 @@ class ServingConfig:
     max_background_loads: int = 1  # prefetch loads in flight at once
     prefetch_budget_chunks: int | None = None  # chunks read from disk ahead of the GPU, held until it has them
     hbm_capacity_tokens: int | None = None  # default: the cost model's KV capacity
+    compute: bool = False  # blocking loads may recompute their first item's front (kvstream.compute)
 
     def __post_init__(self) -> None:
         if self.admit not in ("fcfs", "ready"):
@@ -224,7 +236,7 @@ class _Req:
     """Per-request state. Invariant: ``pins`` lists every chunk tuple this request holds pinned in host memory."""
 
     __slots__ = ("req", "rid", "phase", "rec", "hbm_hit", "present", "in_host", "avail", "pins", "kv_bytes",
-                 "prefetched")
+                 "prefetched", "computed")
 
     def __init__(self, req: Request, kv_bytes_per_chunk: int) -> None:
         self.req = req
@@ -241,6 +253,7 @@ class _Req:
         self.pins: list[tuple[Hashable, ...]] = []
         self.kv_bytes = 0  # bytes to load from disk (when last looked)
         self.prefetched = False  # a background load ran for it: ``avail`` chunks are pinned
+        self.computed = 0  # of ``avail``, the leading chunks its last load recomputed on the GPU (not pinned)
 
     def move(self, to: Phase) -> None:
         if (self.phase, to) not in _LEGAL:
@@ -352,14 +365,20 @@ class ServingCore:
         except KeyError:
             raise UsageError(f"LoadDone for unknown load {ev.load_id}") from None
         avail = dict(ev.available)
+        computed = dict(ev.computed)
         for r in reqs:
             n = avail.get(r.rid, 0)
+            c = computed.get(r.rid, 0)
             item = self._item(r)
-            if n > len(item):
-                raise UsageError(f"LoadDone {ev.load_id}: request {r.rid} has {n} chunks pinned of {len(item)} asked")
-            if n:
-                r.pins.append(item[:n])
+            if n > len(item) or c > n:
+                raise UsageError(f"LoadDone {ev.load_id}: request {r.rid} has {n} chunks available ({c} computed) "
+                                 f"of {len(item)} asked")
+            if c and step is None:
+                raise UsageError(f"LoadDone {ev.load_id}: a background load cannot recompute")
+            if n > c:
+                r.pins.append(item[c:n])
             r.avail = n
+            r.computed = c
             r.present = n  # anything past the first lost chunk is recomputed
             r.rec.load_s += now - start
         if step is None:  # background
@@ -494,7 +513,20 @@ class ServingCore:
         self._loads[lid] = (step, reqs, now)
         step.pending_loads += 1
         out.append(StartLoad(load_id=lid, items=tuple(items), background=False,
-                             metas=tuple(self._meta(r) for r in reqs)))
+                             metas=tuple(self._meta(r) for r in reqs),
+                             compute_s=tuple(self._compute_costs(r, len(it)) for r, (_, it) in zip(reqs, items))
+                             if self.cfg.compute else ()))
+
+    def _compute_costs(self, r: _Req, n: int) -> tuple[float, ...]:
+        """GPU seconds to recompute each of the ``n`` chunks of ``r``'s item at its prefix position. The load
+        blocks the step, so the whole GPU is free for it (``gpu_share``): nothing else runs until it ends."""
+        from kvstream.compute import gpu_share
+
+        share = gpu_share(self._n_dec, self.cfg.max_running, blocking=True)
+        if share <= 0:
+            return ()
+        return tuple(self.cost.recompute_chunk_s((r.hbm_hit + j) * CHUNK_TOKENS, CHUNK_TOKENS) / share
+                     for j in range(n))
 
     @staticmethod
     def _meta(r: _Req) -> tuple[Hashable | None, int | None, int, int]:
@@ -594,10 +626,12 @@ class ServingCore:
             cached = (r.hbm_hit + r.avail) * CHUNK_TOKENS
             prefills.append((max(r.req.input_tokens - cached, 1), min(cached, r.req.input_tokens - 1)))
             r.rec.recomputed_tokens = max(r.req.input_tokens - cached, 0)
-            host = min(r.avail, r.in_host)
+            loaded = r.avail - r.computed  # recomputed chunks are on the GPU already: nothing to move
+            host = min(loaded, r.in_host)
             r.rec.host_chunks = host
-            r.rec.disk_chunks = r.avail - host
-            moved += r.avail
+            r.rec.disk_chunks = loaded - host
+            r.rec.computed_chunks = r.computed
+            moved += loaded
         step.load_bytes = moved * self.chunk_bytes
         duration = self.cost.step_time_agg(prefills, step.n_dec, step.sum_ctx)
         duration += self.cost.host_load_s(step.load_bytes)

@@ -30,6 +30,7 @@ class RequestRecord:
     host_chunks: int = 0  # chunks loaded from host memory
     disk_chunks: int = 0  # chunks loaded from the disk tiers
     recomputed_tokens: int = 0  # prompt tokens computed (missed or partial-chunk)
+    computed_chunks: int = 0  # stored chunks the GPU recomputed during the load instead (compute joins the meeting)
     started: float = math.nan  # first load or compute start
     load_s: float = 0.0  # time in KV loads on its behalf (blocking or background)
     first_token: float = math.nan

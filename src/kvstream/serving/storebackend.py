@@ -9,6 +9,14 @@ turn and previous answer length and each chunk's position (the load's ``metas``)
 eviction policy (Bidaw's hit potential uses them), and a queue-aware policy gets the serving loop's look-ahead
 window (:meth:`StoreBackend.set_window`).
 
+Compute joins the meeting (``compute``: a :class:`kvstream.compute.ComputePolicy`): a load whose
+:class:`StartLoad` carries ``compute_s`` runs as the store's own read step with a compute source (the store's
+plan of the read, its :class:`~kvstream.reader.Reader` and its end-of-step accounting, given the policy's
+:class:`~kvstream.read_step.ComputePlan`; ``Store.read_chunks`` takes no plan yet). The modelled GPU's
+recompute of a chunk is a timer of its modelled seconds on the reader; computed chunks are reported in
+``LoadDone.computed`` and hold no payload. The chain, the items left to the GPU and the per-item counts are
+:mod:`kvstream.compute`'s rules, the ones the simulator's store applies.
+
 No copies: a load keeps the store's payload views (each pins its buffer) until the core releases the chunks.
 Each load is recorded (:class:`LoadRecord`) for replay's per-load GB/s (:func:`disk_load_gbps`).
 
@@ -28,8 +36,10 @@ from typing import Any
 from kvstream.eviction import AccessMeta
 from kvstream.io.throttle import ThrottledEngine
 from kvstream.keys import ChunkKeyer, KeyNamespace
+from kvstream.read_step import ReadStep
 from kvstream.serving.core import LoadDone, StartLoad, WriteChunks
 from kvstream.serving.realtime import RealtimeBackend
+from kvstream.store import RECOMPUTED, ComputeRequest
 
 __all__ = ["StoreBackend", "ThrottledEngine", "LoadRecord", "disk_load_gbps"]
 
@@ -71,10 +81,14 @@ def disk_load_gbps(loads: Sequence[LoadRecord]) -> tuple[float, float, int]:
 class StoreBackend(RealtimeBackend):
     """The real store behind a real-time run (see the module docstring)."""
 
-    def __init__(self, store: Any, *, model: str, chunk_bytes: int, workers: int = 2) -> None:
+    def __init__(self, store: Any, *, model: str, chunk_bytes: int, workers: int = 2,
+                 compute: Any | None = None, read_disk: bool = True) -> None:
         import numpy as np
 
         self.store = store
+        self.compute = compute  # a kvstream.compute.ComputePolicy, or None: loads only
+        self.computed_chunks = 0
+        self.read_disk = read_disk  # False: the recompute-only baseline (lookups see host memory only)
         self.chunk_bytes = chunk_bytes
         self.keyer = ChunkKeyer(KeyNamespace(model=model, kv_dtype="bfloat16", extra="kvstream-replay"))
         self._keys: dict[Hashable, bytes] = {}
@@ -101,8 +115,11 @@ class StoreBackend(RealtimeBackend):
 
     def lookup(self, chunk_ids: Sequence[Hashable]) -> tuple[int, int]:
         keys = [self.key(c) for c in chunk_ids]
-        n = self.store.lookup(keys)
         mem = self.store.memory
+        if not self.read_disk:
+            n = next((i for i, k in enumerate(keys) if k not in mem), len(keys))
+            return n, n
+        n = self.store.lookup(keys)
         return n, sum(1 for k in keys[:n] if k in mem)
 
     def start_load(self, action: StartLoad, post: Callable[[LoadDone], None]) -> None:
@@ -129,8 +146,14 @@ class StoreBackend(RealtimeBackend):
         got = [False] * len(keys)
         data: dict[bytes, memoryview] = {}
         disk_bytes = mem_bytes = 0
+        computed: list[int] = []  # key indices the GPU recomputed
         try:
-            for i, chunk in self.store.read_chunks(keys, metas=metas):
+            compute = self._compute_request(action) if self.compute is not None and action.compute_s else None
+            for i, chunk in self.store.read_chunks(keys, metas=metas, compute=compute):
+                if chunk is RECOMPUTED:
+                    got[i] = True
+                    computed.append(i)
+                    continue
                 if chunk is not None:
                     got[i] = True
                     if chunk.source == "memory":
@@ -143,7 +166,14 @@ class StoreBackend(RealtimeBackend):
             log.exception("replay: a load failed part-way; the chunks that landed are used, the rest recomputed")
         self.loads.append(LoadRecord(start=t0, end=time.perf_counter(), disk_bytes=disk_bytes,
                                      memory_bytes=mem_bytes, background=action.background))
+        from kvstream.compute import computed_per_item
+
         avail = []
+        item_keys = [[self.key(c) for c in chunks] for _, chunks in action.items]
+        lead = 0  # the leading run of the first item the GPU recomputed (key index == its position)
+        done = set(computed)
+        while lead in done:
+            lead += 1
         with self._lock:
             for rid, chunks in action.items:
                 n = 0
@@ -152,6 +182,12 @@ class StoreBackend(RealtimeBackend):
                     if not got[index[k]]:
                         break
                     n += 1
+                    if index[k] in done and index[k] < lead:
+                        continue  # on the GPU: nothing staged
+                    if index[k] in done and k not in data:
+                        # Recomputed behind a chunk a tier delivered: staged as if loaded (the core charges its
+                        # host->GPU move; pessimistic, as the simulator's store is).
+                        data[k] = memoryview(self.payload)
                     held = self._staged.get(k)
                     if held is None:
                         self._staged[k] = (data.pop(k), 1)
@@ -161,7 +197,36 @@ class StoreBackend(RealtimeBackend):
         for unused in data.values():  # landed after a missing chunk, or already staged by another load
             unused.release()
         self.load_s.append(time.perf_counter() - t0)
-        post(LoadDone(load_id=action.load_id, available=tuple(avail)))
+        counts = computed_per_item(item_keys, lead, [n for _, n in avail])
+        self.computed_chunks += len(computed)
+        post(LoadDone(load_id=action.load_id, available=tuple(avail),
+                      computed=tuple((rid, c) for (rid, _), c in zip(avail, counts) if c)))
+
+    def _compute_request(self, action: StartLoad) -> Callable[[list[bytes], list[list[int]]], ComputeRequest]:
+        """The GPU's part of a load for ``Store.read_chunks(compute=...)``: which requests it recomputes whole
+        (not read), and the front of the first request it recomputes while the tiers read the back."""
+        from kvstream.compute import chain_length, items_to_skip
+
+        pol = self.compute
+        assert pol is not None
+        item_keys = [[self.key(c) for c in chunks] for _, chunks in action.items]
+
+        def request(disk_keys: list[bytes], holders: list[list[int]]) -> ComputeRequest:
+            on_disk = dict(zip(disk_keys, holders))
+            skip = items_to_skip(pol, item_keys, on_disk, action.compute_s, self.chunk_bytes)
+            leave = frozenset(k for it, first in skip.items() for k in item_keys[it][first:] if k in on_disk)
+            read = [(k, hs) for k, hs in zip(disk_keys, holders) if k not in leave]
+            chain = min(chain_length(item_keys, [k for k, _ in read]), len(action.compute_s[0]))
+            tiers = sorted(set().union(*(set(hs) for _, hs in read))) if read else None
+            plan = pol.plan(action.compute_s[0][:chain], [self.chunk_bytes] * len(read), tiers)
+
+            def observe(step: ReadStep) -> None:
+                for t in range(len(step.tier_bytes)):
+                    pol.observe(t, step.tier_bytes[t], step.busy_s[t])
+
+            return ComputeRequest(leave=leave, plan=plan, on_step=observe)
+
+        return request
 
     def write(self, action: WriteChunks) -> None:
         """Hand the chunks to the put thread and return: ``put`` copies and checksums each payload and may wait

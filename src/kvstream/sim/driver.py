@@ -96,6 +96,10 @@ class SystemConfig:
     # "fixed": each tier keeps read_window chunks in flight (the paper's setting, and what the published
     # figures in docs/bench/sim.md used); "balanced": the store's default, kvstream.read_windows.
     read_windows: str = "fixed"
+    # Compute joins the meeting: blocking loads may recompute their first request's front on the GPU while the
+    # tiers read the rest (kvstream.compute; needs serving.compute, which kvstream's system helper sets).
+    compute: bool = False
+    read_disk: bool = True  # False: the recompute-only baseline (the tiers are written, never read)
 
     def replace(self, **kw: Any) -> "SystemConfig":
         return dataclasses.replace(self, **kw)
@@ -160,7 +164,10 @@ class SimNode:
             if isinstance(a, StartStep):
                 loop.at(loop.now + a.duration, PRIO_STEP, self.deliver, StepDone(step_id=a.step_id))
             elif isinstance(a, StartLoad):
-                storage.start_load(a.load_id, a.items, self.deliver, a.metas)
+                if a.compute_s:
+                    storage.start_load(a.load_id, a.items, self.deliver, a.metas, compute_s=a.compute_s)
+                else:  # a store without compute (test fakes) keeps its four-argument start_load
+                    storage.start_load(a.load_id, a.items, self.deliver, a.metas)
             elif isinstance(a, WriteChunks):
                 storage.write(a)
             elif isinstance(a, Flush):
@@ -221,10 +228,12 @@ def simulate(
     until: float | None = None,
     record: list | None = None,
     prewarm: Sequence[Sequence[Sequence[Any]]] | None = None,
+    prewarm_tiers: Sequence[str] | None = None,
 ) -> SimResult:
     """Run one configuration: ``workloads[i]`` is node ``i``'s request list (arrival order).
 
-    ``prewarm[i]``: prefixes (chunk-id lists) already on node ``i``'s tiers when the run starts.
+    ``prewarm[i]``: prefixes (chunk-id lists) already on node ``i``'s tiers when the run starts (only on the
+    tiers named in ``prewarm_tiers``, if given).
     """
     t_wall = time.perf_counter()
     loop = EventLoop()
@@ -234,6 +243,8 @@ def simulate(
     shared: dict[str, Device] = {}
     nodes: list[SimNode] = []
     serving = system.serving
+    if system.compute and not serving.compute:
+        serving = dataclasses.replace(serving, compute=True)
     if serving.prefetch != "none" and serving.prefetch_budget_chunks is None:
         # Prefetched KV waits pinned in host memory: keep it to half of it, the rest stays a cache.
         serving = dataclasses.replace(serving, prefetch_budget_chunks=max(int(system.host_memory_bytes // chunk_bytes) // 2, 1))
@@ -249,6 +260,14 @@ def simulate(
 
     for i, reqs in enumerate(workloads):
         tiers = _build_tiers(loop, system.tiers, chunk_bytes, i, shared, rng, seed)
+        compute = None
+        if system.compute:
+            from kvstream.compute import ComputePolicy
+
+            # Its prior: each tier's nominal read bandwidth, as replay measures each tier before it runs (the
+            # policy's own measurements take over from the first load that reads a tier).
+            compute = ComputePolicy(n_tiers=len(system.tiers),
+                                    bandwidth=[min(t.read_bw, t.client_bw or t.read_bw) for t in system.tiers])
         storage = SimStorage(
             loop, tiers=tiers, router=parse_router(system.router, [t.name for t in system.tiers]),
             replication=parse_replication(system.replication) if isinstance(system.replication, str)
@@ -258,10 +277,11 @@ def simulate(
             read_windows=(make_read_windows(system.read_windows, [t.read_window * chunk_bytes for t in system.tiers],
                                             min_bytes=chunk_bytes)
                           if system.read_windows != "fixed" else None),
+            compute=compute, read_disk=system.read_disk,
         )
         if prewarm is not None:
             for prefix in prewarm[i]:
-                storage.prewarm(prefix)
+                storage.prewarm(prefix, prewarm_tiers)
         core = ServingCore(cost, storage.lookup, serving, chunk_bytes=chunk_bytes)
         node = SimNode(loop, core, storage, reqs, on_change=check_done, record=record)
         nodes.append(node)

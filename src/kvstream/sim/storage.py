@@ -16,6 +16,15 @@ carried out on modelled devices: an ``Open`` is answered at once (file metadata 
 becomes a device read, a landing is checked after ``verify_s`` of the node's one verifying CPU, and a
 ``Deliver`` pins the chunk in host memory. No hedging: the devices do not stall.
 
+Compute joins the meeting (``compute``: a :class:`kvstream.compute.ComputePolicy`): a load whose
+``StartLoad`` carries ``compute_s`` gives its read step a compute source over the *chain*, its first item's
+leading chunks that are on disk and needed by that item alone (a chunk another item of the load shares, or one
+already in host memory, ends the chain: the core counts pins per item). The step's :class:`Compute` actions
+run on the node's modelled GPU: one chunk at a time, ``seconds`` each, on the event loop; computed chunks are
+reported in ``LoadDone.computed`` and never pinned. The policy measures the tiers after each load, as the read
+windows do. ``read_disk=False`` (the recompute-only baseline): ``lookup`` sees host memory only, so nothing is
+read from the tiers and every miss is recomputed.
+
 Disk tiers with a capacity evict with the store's :class:`~kvstream.eviction.EvictionPolicy` objects
 (``SimTier.eviction``, LRU by default, as ``tiers/files.py`` does), counted in bytes like the store.
 
@@ -31,7 +40,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kvstream.eviction import AccessMeta, EvictionPolicy, eviction_options, make_eviction_policy
-from kvstream.read_step import ChunkState, Deliver, Open, ReadState, ReadStep, Release, Submit
+from kvstream.compute import ComputePolicy, chain_length, computed_per_item, items_to_skip
+from kvstream.read_step import ChunkState, Compute, Deliver, Open, ReadState, ReadStep, Release, Submit
 from kvstream.replication import CopyOrder, ReadObservation, ReplicationPolicy, WriteIntent
 from kvstream.read_windows import ReadWindows
 from kvstream.routing import ReadRouter
@@ -74,7 +84,7 @@ class SimTier:
 
 class _Load:
     __slots__ = ("load_id", "items", "avail", "disk", "step", "holders", "on_done", "need", "start", "pinned",
-                 "done", "pot0")
+                 "done", "pot0", "chain")
 
     def __init__(self, load_id: int, items: Sequence[tuple[int, tuple[Hashable, ...]]],
                  on_done: Callable[[LoadDone], None], start: float) -> None:
@@ -90,6 +100,7 @@ class _Load:
         self.pinned: list[list[Hashable]] = [[] for _ in items]  # item -> chunks pinned on its behalf
         self.done = False  # reported to the core (duplicate reads may still be in flight)
         self.pot0: list[float] = []  # each tier's potential-read integral when the load started
+        self.chain = 0  # leading chunks of items[0] the read step's compute source may recompute
 
 
 class SimStorage:
@@ -107,6 +118,8 @@ class SimStorage:
         chunk_bytes: int,
         verify_s: float = 0.0,
         read_windows: ReadWindows | None = None,
+        compute: ComputePolicy | None = None,
+        read_disk: bool = True,
     ) -> None:
         if not tiers:
             raise ValueError("a simulated store needs at least one disk tier")
@@ -122,6 +135,10 @@ class SimStorage:
         self.verify_s = float(verify_s)
         # The store's window policy (kvstream.read_windows), in bytes; None = each tier's fixed read_window chunks.
         self.read_windows = read_windows
+        self.compute = compute
+        self.read_disk = read_disk
+        self.computed_chunks = 0
+        self.compute_s = 0.0
         self._cpu_free = 0.0
         self._host: dict[Hashable, int] = {}  # resident chunk -> pins
         self._meta: dict[Hashable, AccessMeta] = {}
@@ -150,7 +167,7 @@ class SimStorage:
         for c in chunk_ids:
             if c in host:
                 in_host += 1
-            elif not any(c in s for s in sets):
+            elif not self.read_disk or not any(c in s for s in sets):
                 break
             present += 1
         return present, in_host
@@ -199,7 +216,8 @@ class SimStorage:
     # -- loads ----------------------------------------------------------------------------------------------
     def start_load(self, load_id: int, items: Sequence[tuple[int, tuple[Hashable, ...]]],
                    on_done: Callable[[LoadDone], None],
-                   metas: Sequence[tuple[Hashable | None, int | None]] = ()) -> None:
+                   metas: Sequence[tuple[Hashable | None, int | None]] = (),
+                   compute_s: Sequence[Sequence[float]] = ()) -> None:
         n_t = len(self.tiers)
         ld = _Load(load_id, items, on_done, self.loop.now)
         host, sets = self._host, self._sets
@@ -225,6 +243,8 @@ class SimStorage:
                 ld.need[c] = [k]
                 ld.disk.append(c)
                 ld.holders.append(hs)
+        if self.compute is not None and len(compute_s) == len(items) and len(items) > 1:
+            self._skip_items(ld, compute_s)
         if not ld.disk:
             # Host memory only: done at once (as an event, so the core is never re-entered).
             self.loop.at(self.loop.now, PRIO_IO, self._finish_load, ld)
@@ -233,11 +253,35 @@ class SimStorage:
             windows = self.read_windows.windows()
         else:
             windows = [t.read_window * self.chunk_bytes for t in self.tiers]
-        ld.step = ReadStep(self.router.schedule(ld.holders, n_t), [self.chunk_bytes] * len(ld.disk), windows)
+        plan = None
+        if self.compute is not None and compute_s and items:
+            cost0 = compute_s[0]
+            ld.chain = min(chain_length([ch[: ld.avail[k]] for k, (_, ch) in enumerate(items)], ld.disk), len(cost0))
+            nbytes = [self.chunk_bytes] * len(ld.disk)
+            plan = self.compute.plan(cost0[: ld.chain], nbytes, sorted(set().union(*ld.holders)))
+        ld.step = ReadStep(self.router.schedule(ld.holders, n_t, front=plan.front if plan else 0),
+                           [self.chunk_bytes] * len(ld.disk), windows, compute=plan)
         for tier in self.tiers:
             tier.device._advance(self.loop.now)
         ld.pot0 = [tier.device.potential_read for tier in self.tiers]
         self._carry_out(ld, ld.step.start(self.loop.now))
+
+    def _skip_items(self, ld: _Load, compute_s: Sequence[Sequence[float]]) -> None:
+        """Leave out of the read the items the policy recomputes whole (:func:`kvstream.compute.items_to_skip`)."""
+        assert self.compute is not None
+        on_disk = dict(zip(ld.disk, ld.holders))
+        skip = items_to_skip(self.compute, [ch[: ld.avail[k]] for k, (_, ch) in enumerate(ld.items)], on_disk,
+                             compute_s, self.chunk_bytes)
+        drop: set[Hashable] = set()
+        for k, first in skip.items():
+            drop.update(c for c in ld.items[k][1][first: ld.avail[k]] if c in on_disk)
+            ld.avail[k] = first
+        if drop:
+            keep = [i for i, c in enumerate(ld.disk) if c not in drop]
+            ld.disk = [ld.disk[i] for i in keep]
+            ld.holders = [ld.holders[i] for i in keep]
+            for c in drop:
+                del ld.need[c]
 
     def _carry_out(self, ld: _Load, acts: list) -> None:
         """The read step's actions on modelled devices (see the module docstring)."""
@@ -265,6 +309,9 @@ class SimStorage:
                 if r.state is ReadState.DUPLICATE or (a.late and r.state is ReadState.RELEASED):
                     self.tiers[r.tier].dup_bytes += self.chunk_bytes
                     self.duplicate_chunks += 1
+            elif isinstance(a, Compute):
+                # The modelled GPU recomputes the chunk: it waits for this load anyway (a blocking load).
+                self.loop.at(self.loop.now + a.seconds, PRIO_IO, self._computed, (ld, a.chunk))
             # Lost: read from step.chunks when the load finishes; Stalled/Busy: no hedging here
 
     def _landed(self, arg: tuple[_Load, int]) -> None:
@@ -281,6 +328,15 @@ class SimStorage:
             self.loop.at(self._cpu_free, PRIO_IO, self._verified, arg)
         else:
             self._verified(arg)
+
+    def _computed(self, arg: tuple[_Load, int]) -> None:
+        ld, j = arg
+        step = ld.step
+        assert step is not None
+        self._carry_out(ld, step.computed(j, self.loop.now))
+        if step.done and not ld.done:
+            self._carry_out(ld, step.close(self.loop.now))
+            self._finish_load(ld)
 
     def _verified(self, arg: tuple[_Load, int]) -> None:
         ld, rid = arg
@@ -304,6 +360,20 @@ class SimStorage:
                         if chunks[j] in lost_set:
                             ld.avail[k] = j
                             break
+        computed = 0  # the leading run of items[0]'s chunks the GPU recomputed: on the GPU, never pinned
+        if ld.step is not None and ld.step.computed_chunks:
+            done = ld.step.computed_chunks
+            while computed < len(done) and done[computed] == computed:
+                computed += 1
+            self.computed_chunks += len(done)
+            self.compute_s += ld.step.compute_s
+            # Chunks recomputed behind one a tier delivered: the core counts a leading run per item, so these
+            # are pinned as if loaded (their host->GPU move is charged: pessimistic, by a few ms a chunk).
+            for j in done[computed:]:
+                c = ld.disk[j]
+                for k in ld.need[c]:
+                    self._pin(c)
+                    ld.pinned[k].append(c)
         # Each item keeps its pins on its available prefix only.
         for k, (_, chunks) in enumerate(ld.items):
             keep = set(chunks[: ld.avail[k]])
@@ -318,7 +388,7 @@ class SimStorage:
             for t, tier in enumerate(self.tiers):
                 tier.device._advance(now)
                 pot += tier.device.potential_read - ld.pot0[t]
-            useful = len(ld.disk) * self.chunk_bytes
+            useful = (len(ld.disk) - len(ld.step.computed_chunks)) * self.chunk_bytes  # recomputed: not read
             # The aggregate-bandwidth bound: the time the useful bytes take at the sum of what each tier could
             # give reads over this very interval (its write load and other tenants included).
             bound = useful * dur / pot if pot > 0 else dur
@@ -326,6 +396,9 @@ class SimStorage:
             if self.read_windows is not None:
                 for t in range(len(self.tiers)):
                     self.read_windows.observe(t, ld.step.tier_bytes[t], ld.step.busy_s[t])
+            if self.compute is not None:
+                for t in range(len(self.tiers)):
+                    self.compute.observe(t, ld.step.tier_bytes[t], ld.step.busy_s[t])
             orders = self.replication.on_read(ReadObservation(
                 now=self.loop.now,
                 keys=[chunk_key(c) for c in ld.disk],
@@ -335,8 +408,11 @@ class SimStorage:
             ))
             if orders:
                 self._copy(orders, ld)
+        counts = computed_per_item([ch for _, ch in ld.items], computed, ld.avail)
+        per_item = [(rid, c) for (rid, _), c in zip(ld.items, counts) if c]
         ld.on_done(LoadDone(load_id=ld.load_id,
-                            available=tuple((rid, ld.avail[k]) for k, (rid, _) in enumerate(ld.items))))
+                            available=tuple((rid, ld.avail[k]) for k, (rid, _) in enumerate(ld.items)),
+                            computed=tuple(per_item)))
 
     # -- writes ---------------------------------------------------------------------------------------------
     def write(self, w: WriteChunks) -> None:
@@ -429,11 +505,14 @@ class SimStorage:
                 tier.evicted += 1
         self._pump_writes(t)
 
-    def prewarm(self, chunk_ids: Sequence[Hashable]) -> None:
-        """Put chunks on the tiers the replication policy picks, in no time (a cache filled before the run)."""
+    def prewarm(self, chunk_ids: Sequence[Hashable], tiers: Sequence[str] | None = None) -> None:
+        """Put chunks on the tiers the replication policy picks, in no time (a cache filled before the run);
+        ``tiers``: only on those of them with these names (a cold local disk: the shared tier alone)."""
         n_t = len(self.tiers)
         for j, c in enumerate(chunk_ids):
             for t in self.replication.targets(WriteIntent(key=chunk_key(c), nbytes=self.chunk_bytes, position=j), n_t):
+                if tiers is not None and self.tiers[t].name not in tiers:
+                    continue
                 pol = self.tiers[t].policy
                 if pol is not None and c not in self._sets[t]:
                     pol.on_insert(c, self.chunk_bytes)
@@ -459,6 +538,8 @@ class SimStorage:
             "duplicate_chunks": self.duplicate_chunks,
             "lost_chunks": self.lost_chunks,
             "copy_orders": self.copy_orders,
+            "computed_chunks": self.computed_chunks,
+            "compute_s": self.compute_s,
             "disk_loads": len(self.read_log),
             "read_s": sum(r[1] for r in self.read_log),
             "read_bound_s": sum(r[2] for r in self.read_log),

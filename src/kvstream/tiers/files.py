@@ -4,7 +4,8 @@ Layout under the tier's folder::
 
     KVSTREAM_TIER            marker (format version); a folder without it is initialised on first open
     chunks/ab/cd/<hex>.kvc   one chunk (see kvstream.format), fan-out by the key's first two bytes
-    tmp/                     files being written: <hex>.<node>.<pid>.<rand>.tmp, same file system as chunks/
+    tmp/                     files being written: <hex>.<uid>-<token>.<rand>.tmp, same file system as chunks/
+                             (uid: the node's persistent id, token: its writer's lease; see tiers/lease.py)
     index/                   the persistent index (kvstream.tiers.index)
     quarantine/              chunks that failed verification, kept for inspection, never read again
 
@@ -13,8 +14,11 @@ which fails with EEXIST if any process or node published the key first (same key
 good as ours), and the temporary is unlinked. So a reader sees either no file or a whole one, never a torn one.
 Where ``link`` is not supported (some FUSE file systems) ``rename`` is used, which replaces an identical file.
 
-Capacity is enforced on this node's view of the tier: before a write is published space is reserved, and the
-tier's eviction policy (LRU by default) picks files to delete until the reservation fits.
+Capacity is enforced on this node's own chunks: on a ``shared`` tier it is a per-node quota, and the eviction
+policy (LRU by default) only ever picks chunks this node published, plus those of nodes whose lease has expired
+(nobody else will evict them). Other nodes' chunks are read, never counted or evicted. A read that finds no file
+(ENOENT) or a stale handle (ESTALE: a peer deleted it) is a miss, not a tier failure. Many writers on one tier:
+docs/shared-tier.md.
 Files are created mode 0600 and folders 0700: a shared file system is readable by other jobs.
 """
 
@@ -23,6 +27,7 @@ from __future__ import annotations
 import errno
 import logging
 import os
+import re
 import stat
 import secrets
 import threading
@@ -35,7 +40,7 @@ from kvstream.errors import ConfigError, TierError
 from kvstream.eviction import EvictionPolicy, eviction_options, make_eviction_policy
 from kvstream.io.buffers import ALIGN, AlignedBuffer
 from kvstream.io.engine import IOEngine, Ring
-from kvstream.tiers.index import OP_DEL, OP_PUT, TierIndex, pid_alive
+from kvstream.tiers.index import OP_DEL, OP_PUT, TierIndex
 
 __all__ = ["DirectoryTier", "TierCounters", "MARKER"]
 
@@ -43,7 +48,9 @@ log = logging.getLogger("kvstream.tier")
 
 MARKER = "KVSTREAM_TIER"
 _MARKER_TEXT = "kvstream tier, chunk format 1\n"
-_TMP_MAX_AGE_S = 3600.0  # temporaries of other nodes older than this are crash leftovers
+_TMP_MAX_AGE_S = 3600.0  # temporaries of older versions (no lease in their name) older than this are leftovers
+TMP_RE = re.compile(r"^[0-9a-f]+\.([0-9a-f]{16})-([0-9a-f]{8})\.[0-9a-f]+\.tmp$")  # key.uid-token.rand.tmp
+_GONE = (errno.ENOENT, errno.ESTALE)  # the name (or the file under a handle) is not there: a miss, not a fault
 
 
 @dataclass
@@ -65,6 +72,7 @@ class TierCounters:
     write_skipped_backlog: int = 0  # second copies not written because the tier's write backlog was full
     write_retried_nospace: int = 0  # writes retried after ENOSPC/EDQUOT, once room was made by eviction
     already_present: int = 0  # publishes that found the key published first
+    write_retried_stale: int = 0  # writes retried once after ESTALE (a peer's delete or a re-created folder)
     evicted_chunks: int = 0
     evicted_bytes: int = 0
     latencies: list[float] = field(default_factory=list, repr=False)  # recent per-chunk read latencies (s)
@@ -90,7 +98,7 @@ class DirectoryTier:
     """One tier folder: layout, index, capacity, atomic publish, and its read and write rings."""
 
     def __init__(self, cfg: TierConfig, *, index: int, engine: IOEngine, node_id: str, create: bool,
-                 field_prefix: str) -> None:
+                 field_prefix: str, node_uid: str | None = None) -> None:
         self.cfg = cfg
         self.name = cfg.name
         self.position = index  # index in the store's tier list (0 = primary)
@@ -108,17 +116,20 @@ class DirectoryTier:
         self.direct = self._probe_direct()
         self._open_flags_read = os.O_RDONLY | (os.O_DIRECT if self.direct else 0)
         self._open_flags_write = os.O_WRONLY | os.O_CREAT | os.O_EXCL | (os.O_DIRECT if self.direct else 0)
-        self.removed_temporaries = self._clean_tmp()
-        self.index = TierIndex(self.root / "index", node_id=node_id)
+        self.index = TierIndex(self.root / "index", node_id=node_id, node_uid=node_uid)
+        self.removed_temporaries = self._clean_tmp()  # after the index: it judges writers by their leases
         try:
             self.policy: EvictionPolicy = make_eviction_policy(cfg.eviction, **eviction_options(cfg.eviction, cfg.capacity_bytes))
         except KeyError as exc:
             raise ConfigError(f"{field_prefix}.eviction", str(exc).strip('"')) from None
-        for key, size in self.index.items():
-            self.policy.on_insert(key, size)
         self._lock = threading.Lock()
         self._dropping: set[bytes] = set()  # keys whose delete record is being logged (see drop)
-        self._used = sum(size for _, size in self.index.items())
+        # Invariant: the policy holds exactly the keys of _own and _adopted; _used is the sum of _own's sizes.
+        self._own: dict[bytes, int] = {}  # this node's chunks: counted against capacity (its quota here)
+        self._adopted: set[bytes] = set()  # chunks of nodes with no live lease: evictable, not counted
+        self._used = 0
+        self._live_uids: set[str] | None = None  # nodes with a live lease at the last look (shared tiers)
+        self._resync()
         self._reserved = 0
         self._made_dirs: set[str] = set()
         self._link_ok = True
@@ -187,26 +198,32 @@ class DirectoryTier:
             probe.unlink(missing_ok=True)
 
     def _clean_tmp(self) -> int:
-        """Remove temporaries left by crashed writers: this node's dead pids, anyone's older than an hour."""
+        """Remove temporaries whose writer is gone: the lease their name carries (``uid-token``) is not live
+        and the file is older than the lease expiry (a new lease may take a moment to show on another client).
+        Never a live writer's, whatever node or PID namespace it runs in; temporaries of older versions (no
+        lease in the name) once they are an hour old."""
         removed = 0
         tmp = self.root / "tmp"
-        now = time.time()
+        lease = self.index.lease
+        live = lease.live()
+        now = lease.reference()  # the tier's clock, as mtimes are stamped: no trust in ours
         for entry in os.scandir(tmp):
-            parts = entry.name.split(".")
-            stale = False
-            if len(parts) >= 5 and parts[-1] == "tmp" and parts[1] == self.node_id and parts[2].isdigit():
-                pid = int(parts[2])
-                stale = pid != os.getpid() and not pid_alive(pid)
-            if not stale:
-                try:
-                    stale = now - entry.stat().st_mtime > _TMP_MAX_AGE_S
-                except FileNotFoundError:
-                    continue
+            m = TMP_RE.match(entry.name)
+            try:
+                age = now - entry.stat().st_mtime
+            except OSError:
+                continue
+            if m:
+                # this node's writers are judged by their lease's lock at once (see tiers/lease.py); others'
+                # only once the temporary is older than the expiry too
+                stale = f"{m.group(1)}-{m.group(2)}" not in live and (m.group(1) == lease.uid or age > lease.expiry_s)
+            else:
+                stale = age > _TMP_MAX_AGE_S
             if stale:
                 try:
                     os.unlink(entry.path)
                     removed += 1
-                except FileNotFoundError:
+                except OSError:
                     pass
         return removed
 
@@ -232,20 +249,64 @@ class DirectoryTier:
         return self._used
 
     def maybe_refresh(self, min_interval_s: float = 1.0) -> None:
-        """On a shared tier, pick up other nodes' puts and deletes (at most once per interval)."""
+        """On a shared tier, pick up other nodes' puts and deletes (at most once per interval), and which nodes
+        are alive (their chunks become evictable here when their lease expires)."""
         if not self.cfg.shared:
             return
         now = time.monotonic()
         if now - self._last_refresh < min_interval_s:
             return
         self._last_refresh = now
-        for rec in self.index.refresh():
-            with self._lock:
-                if rec.op == OP_PUT:
-                    self.policy.on_insert(rec.key, rec.file_size)
-                else:
-                    self.policy.on_remove(rec.key)
-                self._used = self.index.total_bytes()
+        reloads = self.index.reloads
+        recs = self.index.refresh()
+        live = self.index.lease.live_uids()
+        if self.index.reloads != reloads or live != self._live_uids:
+            self._live_uids = live
+            self._resync()
+            return
+        for key in dict.fromkeys(r.key for r in recs):
+            self._sync(key)
+
+    def _resync(self) -> None:
+        """Rebuild the policy's membership and ``_used`` from the index (at open, after a reload, when the
+        set of live nodes changed)."""
+        if self.cfg.shared and self._live_uids is None:
+            self._live_uids = self.index.lease.live_uids()
+        with self._lock:
+            keys = set(self._own) | self._adopted
+        for key, _size in self.index.items():
+            keys.add(key)
+        for key in keys:
+            self._sync(key)
+
+    def _sync(self, key: bytes) -> None:
+        """Bring one key's place (own: counted and evictable; adopted: evictable; neither) in line with the
+        index. On a tier that is not shared every listed chunk is this node's."""
+        size = self.index.get(key)
+        if size is None:
+            mine = adopt = False
+        elif not self.cfg.shared:
+            mine, adopt = True, False
+        else:
+            owners = self.index.owners(key)
+            mine = self.index.uid in owners
+            adopt = not mine and not (owners & (self._live_uids or set()))
+        with self._lock:
+            if key in self._dropping:
+                return  # a drop of ours is logging its delete: it does the bookkeeping
+            in_policy = key in self._own or key in self._adopted
+            if key in self._own:
+                self._used -= self._own.pop(key)
+            self._adopted.discard(key)
+            if mine:
+                self._own[key] = size  # type: ignore[assignment]
+                self._used += size  # type: ignore[operator]
+            elif adopt:
+                self._adopted.add(key)
+            if (mine or adopt) and not in_policy:
+                self.policy.on_insert(key, size)  # type: ignore[arg-type]
+            elif not (mine or adopt) and in_policy:
+                self.policy.on_remove(key)
 
     # -- reads ----------------------------------------------------------------------------------------------
     def open_for_read(self, key: bytes) -> tuple[int, int] | None:
@@ -256,21 +317,23 @@ class DirectoryTier:
         This call may still block on slow metadata (a network file system, a throttled device): the reader runs
         it on the tier's open threads, off the step's lock, so the hedge deadline covers it.
 
-        Raises :class:`TierError` if the tier cannot open it (I/O error, the tier folder vanished): the file
-        may be intact, so the key is kept; the caller reads another replica and counts a tier failure."""
+        ENOENT and ESTALE are a miss (see :meth:`on_missing`): on a shared tier they are what a peer's eviction
+        looks like from here. Raises :class:`TierError` if the tier cannot open it (I/O error, the tier folder
+        vanished): the file may be intact, so the key is kept; the caller reads another replica and counts a
+        tier failure."""
         size = self.index.get(key)
         if size is None:
             return None
         try:
             fd = self._open_regular(key)
-        except FileNotFoundError:
-            if not self.present():  # the whole tier is gone (unmounted): a tier failure, not a lost file
-                self.counters.read_errors += 1
-                raise TierError(self.name, "open", errno.ENOENT, f"tier folder {self.root} has vanished") from None
-            self.counters.missing_files += 1
-            self.drop(key, unlink=False)
-            return None
-        except OSError as exc:  # EIO reading a directory block, EACCES, ESTALE: the tier fails, the file may be fine
+        except OSError as exc:
+            if exc.errno in _GONE:
+                if not self.present():  # the whole tier is gone (unmounted): a tier failure, not a lost file
+                    self.counters.read_errors += 1
+                    raise TierError(self.name, "open", exc.errno, f"tier folder {self.root} has vanished") from None
+                self.on_missing(key)
+                return None
+            # EIO reading a directory block, EACCES: the tier fails, the file may be fine
             if self._not_a_file(key):  # a FIFO or device at the path (O_DIRECT refuses those): not the tier's fault
                 return None
             self.counters.read_errors += 1
@@ -320,6 +383,27 @@ class DirectoryTier:
         """True while the tier folder is still this tier (its marker is there: not unmounted or replaced)."""
         return os.path.exists(self.root / MARKER)
 
+    def on_missing(self, key: bytes) -> None:
+        """A read of a listed chunk found no file (ENOENT) or a stale handle (ESTALE): a miss, never a tier
+        failure. The listing is dropped only if a second look finds the name gone too (on a shared tier in this
+        process only, see below):
+        GlusterFS answers ENOENT now and then for a file that exists, and a delete logged for it would hide
+        the chunk from every node (an orphan). The delete names the gens listed now, so a put published
+        since (a new gen) is not touched; and a node that later writes the key and finds the file there lists
+        it again (see :meth:`publish`)."""
+        self.counters.missing_files += 1
+        try:
+            os.stat(self.path_for(key))
+            return  # there after all: this read is a miss, the chunk stays listed
+        except OSError as exc:
+            if exc.errno not in _GONE:
+                return  # cannot tell: keep it
+        # On a shared tier even a second ENOENT can be GlusterFS's (the 5-minute two-node soak lost chunks whose
+        # files were there, their listings dropped this way): forget the key in this process only. A file that
+        # is really gone costs this node one miss per restart; a delete logged for one that is not would hide
+        # it from every node for good. Only this node writes a local tier: there a missing file is gone.
+        self.drop(key, unlink=False, log_delete=not self.cfg.shared)
+
     def on_hit(self, key: bytes) -> None:
         with self._lock:
             self.policy.on_access(key)
@@ -332,19 +416,32 @@ class DirectoryTier:
         victims: list[tuple[bytes, int]] = []
         with self._lock:
             while self._used + self._reserved + nbytes > self.cfg.capacity_bytes:
-                key = self.policy.victim()
-                if key is None:
+                got = self._take_victim()
+                if got is None:
                     break
-                self.policy.on_remove(key)
-                size = self.index.get(key) or 0
-                self._used -= size
-                self._dropping.add(key)
-                victims.append((key, size))
+                victims.append(got)
             fits = self._used + self._reserved + nbytes <= self.cfg.capacity_bytes
             if fits:
                 self._reserved += nbytes
         self._evict(victims)
         return fits
+
+    def _take_victim(self) -> tuple[bytes, int] | None:
+        """The policy's next victim, taken out of the policy and the quota and marked dropping; None if there
+        is none. Only this node's chunks and those of nodes with no live lease are in the policy, so nothing a
+        live peer owns is ever picked. Called with ``_lock`` held."""
+        key = self.policy.victim()
+        if key is None:
+            return None
+        self.policy.on_remove(key)
+        size = self._own.pop(key, None)
+        if size is not None:
+            self._used -= size
+        else:
+            self._adopted.discard(key)
+            size = self.index.get(key) or 0
+        self._dropping.add(key)
+        return key, size
 
     def _evict(self, victims: list[tuple[bytes, int]]) -> None:
         """Unlink and log evicted chunks (already taken out of the policy and ``_used``, and in ``_dropping``
@@ -360,21 +457,17 @@ class DirectoryTier:
             self.counters.evicted_bytes += size
 
     def make_room(self, nbytes: int) -> int:
-        """Evict this tier's chunks (eviction policy order) until ``nbytes`` are freed, whatever the capacity
+        """Evict this node's chunks (eviction policy order) until ``nbytes`` are freed, whatever the capacity
         says: the file system ran out of space first (ENOSPC/EDQUOT: other users). Returns bytes freed."""
         victims: list[tuple[bytes, int]] = []
         freed = 0
         with self._lock:
             while freed < nbytes:
-                key = self.policy.victim()
-                if key is None:
+                got = self._take_victim()
+                if got is None:
                     break
-                self.policy.on_remove(key)
-                size = self.index.get(key) or 0
-                self._used -= size
-                freed += size
-                self._dropping.add(key)
-                victims.append((key, size))
+                freed += got[1]
+                victims.append(got)
         self._evict(victims)
         return freed
 
@@ -383,60 +476,94 @@ class DirectoryTier:
             self._reserved -= nbytes
 
     def create_temp(self, key: bytes) -> tuple[int, str]:
-        """Open a new temporary for ``key``; returns (fd, path)."""
-        name = f"{key.hex()}.{self.node_id}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
-        path = str(self.root / "tmp" / name)
-        fd = os.open(path, self._open_flags_write, 0o600)
-        return fd, path
+        """Open a new temporary for ``key``; returns (fd, path). The name carries this writer's lease
+        (``uid-token``), so no other writer takes it for a dead one's while the lease is live. ESTALE (the
+        ``tmp/`` folder's handle went stale on this client) is retried once."""
+        lease = self.index.lease
+        for attempt in (0, 1):
+            path = str(self.root / "tmp" / f"{key.hex()}.{lease.uid}-{lease.token}.{secrets.token_hex(4)}.tmp")
+            try:
+                return os.open(path, self._open_flags_write, 0o600), path
+            except OSError as exc:
+                if exc.errno != errno.ESTALE or attempt:
+                    raise
+                self.counters.write_retried_stale += 1
+        raise AssertionError("unreachable")
 
     def publish(self, key: bytes, tmp_path: str, file_size: int) -> bool:
         """Make a fully written temporary visible under the key's name. Returns False if another writer had
-        already published the key (its copy is kept, ours dropped). Called with the space reserved."""
-        final = self.path_for(key)
+        already published the key (its copy is kept, ours dropped). Called with the space reserved.
+
+        On a shared tier only the winner logs the put (and owns the chunk: its quota, its eviction); a loser
+        learns of the chunk from the winner's log on its next refresh, unless nothing lists the key at all
+        (a file whose put was never logged, or whose listing was dropped on a spurious ENOENT): then the loser
+        lists it, so no valid file stays invisible. No name is trusted alone: a reader
+        checks the header's key and checksum, so a second file under one name (GlusterFS lets two links
+        win, rarely) can cost a miss, never wrong bytes; ``kvstream verify`` reports it."""
+        won = self._link(tmp_path, self.path_for(key))
+        with self._lock:
+            self._reserved -= file_size
+        if not won:
+            self.counters.already_present += 1
+        if won:
+            # Always a new put (a new gen), even if this node already lists the key: that listing may be one a
+            # peer has deleted (it adopted and evicted our chunk, or removed it) whose delete we have not read
+            # yet; reading it later would unlist the file just published (found by the two-node soak: 134
+            # acknowledged chunks whose files were there, listed by nobody).
+            self.index.record(OP_PUT, key, file_size)
+        elif key not in self.index:
+            self.index.record(OP_PUT, key, file_size)  # an unlisted file: listed (and owned) by us from now
+        self._sync(key)
+        return won
+
+    def _link(self, tmp_path: str, final: Path) -> bool:
+        """``link()`` the temporary to its final name (``rename`` where there are no hard links); True if ours
+        is the file now there, False if the name was taken. The temporary is unlinked either way.
+
+        A fan-out folder made a moment ago by another node can read as missing or stale on this client
+        (ENOENT/ESTALE from ``link``): the folders are made again and the link retried, once."""
         d = os.path.dirname(final)
-        if d not in self._made_dirs:
-            os.makedirs(os.path.dirname(d), mode=0o700, exist_ok=True)  # makedirs gives `mode` to the leaf only
-            os.makedirs(d, mode=0o700, exist_ok=True)
-            self._made_dirs.add(d)
-        won = True
         try:
-            if self._link_ok:
+            for attempt in (0, 1):
                 try:
-                    os.link(tmp_path, final)
-                except FileExistsError:
-                    won = False
+                    if attempt or d not in self._made_dirs:
+                        os.makedirs(os.path.dirname(d), mode=0o700, exist_ok=True)  # `mode` goes to the leaf only
+                        os.makedirs(d, mode=0o700, exist_ok=True)
+                        self._made_dirs.add(d)
+                    if self._link_ok:
+                        try:
+                            os.link(tmp_path, final)
+                            return True
+                        except FileExistsError:
+                            return False
+                        except OSError as exc:
+                            if exc.errno not in (errno.EPERM, errno.EOPNOTSUPP, errno.ENOSYS, errno.EMLINK):
+                                raise
+                            self._link_ok = False  # no hard links here: rename (replaces identical bytes)
+                    os.rename(tmp_path, final)
+                    return True
                 except OSError as exc:
-                    if exc.errno not in (errno.EPERM, errno.EOPNOTSUPP, errno.ENOSYS, errno.EMLINK):
+                    if exc.errno not in _GONE or attempt:
                         raise
-                    self._link_ok = False  # this file system has no hard links: rename (replaces identical bytes)
-            if not self._link_ok:
-                os.rename(tmp_path, final)
+                    self._made_dirs.discard(d)
+            raise AssertionError("unreachable")
         finally:
             try:
                 os.unlink(tmp_path)
-            except FileNotFoundError:
+            except OSError:
                 pass
-        with self._lock:
-            self._reserved -= file_size
-            known = key in self.index
-            if not known:
-                self._used += file_size
-                self.policy.on_insert(key, file_size)
-        if not won:
-            self.counters.already_present += 1
-        if not known:
-            self.index.record(OP_PUT, key, file_size)
-        return won
 
     # -- removal --------------------------------------------------------------------------------------------
     def _delete_file(self, key: bytes) -> None:
         try:
             os.unlink(self.path_for(key))
-        except FileNotFoundError:
-            pass
+        except OSError as exc:
+            if exc.errno not in _GONE:  # already gone (a peer deleted it, a stale handle): what we wanted
+                raise
 
-    def drop(self, key: bytes, *, unlink: bool = True) -> None:
-        """Remove a key from this tier (its file too, unless it is already gone)."""
+    def drop(self, key: bytes, *, unlink: bool = True, log_delete: bool = True) -> None:
+        """Remove a key from this tier (its file too, unless it is already gone). ``log_delete=False``: forget
+        it in this process only (the index logs still list it; see :meth:`on_missing`)."""
         with self._lock:
             # The delete record is logged after the unlink (crash order), outside the lock: until it is, the key
             # is still in the index, so a second drop of it (two removes, a remove racing a quarantine) must not
@@ -445,8 +572,11 @@ class DirectoryTier:
             known = key in self.index and not busy
             if known:
                 self._dropping.add(key)
-                self.policy.on_remove(key)
-                self._used -= self.index.get(key) or 0
+                if key in self._own or key in self._adopted:
+                    self.policy.on_remove(key)
+                if key in self._own:
+                    self._used -= self._own.pop(key)
+                self._adopted.discard(key)
         if not known:
             if unlink and not busy:
                 self._delete_file(key)  # a file the index does not list (as before: drop means "gone")
@@ -454,7 +584,10 @@ class DirectoryTier:
         try:
             if unlink:
                 self._delete_file(key)
-            self.index.record(OP_DEL, key)
+            if log_delete:
+                self.index.record(OP_DEL, key)
+            else:
+                self.index.forget(key)
         finally:
             with self._lock:
                 self._dropping.discard(key)

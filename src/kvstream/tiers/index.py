@@ -1,14 +1,21 @@
-"""The persistent index of a directory tier: which chunk files exist and how big they are.
+"""The persistent index of a directory tier: which chunk files exist, how big they are, and which node owns them.
 
 Why a log and a snapshot, not a scan: a tier of a million chunks on a parallel file system cannot be reopened
-with a ``stat`` per chunk (minutes on Lustre). Instead each open store appends fixed-size records to its own
-log, ``index/log-<node>-<pid>-<rand>.log`` (one writer per file: appends from several nodes to one file are not
-atomic on shared file systems), and a compacted snapshot ``index/snapshot.idx`` holds the live set. Reopening
-reads the snapshot and the logs sequentially: a few hundred MB at most, parsed with numpy.
+with a ``stat`` per chunk (minutes on Lustre). Instead each open writer appends fixed-size records to its own
+log, ``index/log-<uid>-<token>.log`` (one writer per file: appends from several nodes to one file are not
+atomic on shared file systems; ``uid`` is the node's persistent id, ``token`` this open's, see
+:mod:`kvstream.tiers.lease`), and each node compacts its own closed logs into its own snapshot,
+``index/<uid>.snapshot.idx``. Reopening reads the snapshots and the logs they do not cover: a few hundred MB at
+most, parsed with numpy. Design and reasons for many writers: docs/shared-tier.md.
 
-Record (96 bytes, little-endian): magic ``KVIX`` | op u8 (1 put, 2 delete) | key_len u8 | 2 pad | file_size u64
-| time_ns u64 | key 64s | 4 pad | xxh32 of the preceding 88 bytes. A torn last record (crash mid-append) fails
-its checksum and is ignored.
+Record (96 bytes, little-endian): magic ``KVI2`` | op u8 (1 put, 2 delete) | key_len u8 | 2 pad | file_size u64
+| gen u64 | key 64s | 4 pad | xxh32 of the preceding 88 bytes. ``gen`` is drawn at random for each put; a
+delete names the gen it deletes. So records need no clock: a key is listed while some put's gen has no delete,
+whatever order the logs of different nodes are read in (a delete read before its put is held back, bounded,
+and cancels the put when it comes). A node's own put/delete order is its log order. Logs of older versions
+(magic ``KVIX``, a wall-clock time where the gen is) are still read: their deletes delete every gen of the key,
+applied in time order before the new logs.
+A torn last record (crash mid-append) fails its checksum and is ignored.
 
 Space for the log is reserved ahead (``posix_fallocate``, ``_RESERVE_BYTES`` at a time, zero-filled) and records
 are written at the log's own offset, so that a full file system does not cost the record that says a chunk was
@@ -16,23 +23,27 @@ evicted to make room: an eviction frees space, but a concurrent chunk write can 
 record is appended. Readers stop at the first record whose magic is wrong, so the zeroed reserve (and a crash
 that leaves it) reads as the end of the log; ``close()`` cuts the reserve off.
 
-Compaction (at open, under a non-blocking ``flock`` on ``index/compact.lock``; skipped if another process holds
-it): merge the snapshot and every *closed* log (renamed ``.closed`` by ``close()``, or left by a process of this
-node that no longer exists) into a new snapshot, published by rename, which lists the logs it covers; covered
-logs are deleted afterwards, and skipped if a crash left them behind.
+Compaction (at open): only of this node's own logs that are closed (renamed ``.closed`` by ``close()``, or whose
+writer's lease is gone: a crashed process of this node), merged into this node's snapshot, published by
+rename, which lists the logs it covers; covered logs are deleted afterwards. No node deletes another node's
+logs (``flock`` does not work across clients of GlusterFS or CephFS, so two nodes must never write one file).
+A peer whose logs were compacted away under it sees the snapshot change (its name, inode, size or mtime) on
+its next :meth:`TierIndex.refresh` and reloads everything; deletes of other nodes' gens that the merge cannot
+cancel are kept in the snapshot as tombstones. Reads of a log are keyed by its stem, so a ``.log`` renamed
+``.closed`` is not read again from byte 0.
 
 Truth is the files: the index is a hint. A listed file that is gone reads as a miss (and the entry is dropped);
 a file published but not yet logged (crash between rename and append) is invisible until its key is written
-again, when the first-publish-wins link finds it and logs it. ``kvstream verify`` reports both.
-Invariant: records are applied in ``time_ns`` order after the snapshot, so a put and a later delete of one key
-from two processes end deleted.
+again, when the first-publish-wins link finds it. ``kvstream verify`` reports both.
 """
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import logging
 import os
+import re
 import secrets
 import struct
 import threading
@@ -44,19 +55,31 @@ from pathlib import Path
 import numpy as np
 import xxhash
 
+from kvstream.tiers.lease import LEASE_EXPIRY_S, Lease, new_token
+
 log = logging.getLogger("kvstream.index")
 
-__all__ = ["TierIndex", "IndexRecord", "OP_PUT", "OP_DEL", "pid_alive"]
+__all__ = ["TierIndex", "IndexRecord", "OP_PUT", "OP_DEL", "log_owner", "SNAPSHOT_SUFFIX"]
 
 OP_PUT = 1
 OP_DEL = 2
 _REC = struct.Struct("<4sBBxxQQ64s4x")
 _REC_BYTES = _REC.size + 4  # + xxh32
 _RESERVE_BYTES = 512 * _REC_BYTES  # 48 KiB: a few hundred records of a full disk's evictions
-_MAGIC = b"KVIX"
-_SNAP_MAGIC = b"KVIXSNP1"
+_MAGIC = b"KVIX"  # records of older versions: a wall-clock time where the gen is
+_MAGIC2 = b"KVI2"
+_SNAP_MAGIC = b"KVIXSNP1"  # the one shared snapshot of older versions (read, never written)
 _SNAP_HEAD = struct.Struct("<8sQQI")  # magic, entries, time_ns, covered-names bytes
 _SNAP_DTYPE = np.dtype([("size", "<u8"), ("klen", "u1"), ("key", "S64")])
+_SNAP2_MAGIC = b"KVIXSNP2"
+_SNAP2_HEAD = struct.Struct("<8sQQI")  # magic, entries, tombstones, covered-names bytes
+_SNAP2_DTYPE = np.dtype([("size", "<u8"), ("gen", "<u8"), ("klen", "u1"), ("key", "S64")])
+_TOMB_DTYPE = np.dtype([("gen", "<u8"), ("klen", "u1"), ("key", "S64")])
+SNAPSHOT_SUFFIX = ".snapshot.idx"  # <uid>.snapshot.idx: one per node, written by that node only
+_LEGACY_SNAPSHOT = "snapshot.idx"
+_LOG_RE = re.compile(r"^log-([0-9a-f]{16})-([0-9a-f]{8})\.(log|closed)$")
+_MAX_EARLY_DELETES = 1 << 16  # deletes read before their put (another node's log read first): held back
+_MAX_TOMBSTONES = 1 << 20  # deletes of other nodes' gens kept by a snapshot (84 B each)
 _LOG_DTYPE = np.dtype([("magic", "S4"), ("op", "u1"), ("klen", "u1"), ("pad", "V2"), ("size", "<u8"),
                        ("time", "<u8"), ("key", "V64"), ("pad2", "V4"), ("sum", "<u4")])
 assert _LOG_DTYPE.itemsize == _REC_BYTES
@@ -64,15 +87,55 @@ assert _LOG_DTYPE.itemsize == _REC_BYTES
 
 @dataclass(frozen=True, slots=True)
 class IndexRecord:
-    op: int
+    op: int  # OP_PUT | OP_DEL
     key: bytes
-    file_size: int
-    time_ns: int
+    file_size: int  # bytes of the chunk file (puts)
+    time_ns: int  # older records only (0 in new ones): their order across logs
+    gen: int = 0  # new records: the put's random id, which its delete names; 0: an older record
 
 
 def _encode(rec: IndexRecord) -> bytes:
-    body = _REC.pack(_MAGIC, rec.op, len(rec.key), rec.file_size, rec.time_ns, rec.key)
+    if rec.gen:
+        body = _REC.pack(_MAGIC2, rec.op, len(rec.key), rec.file_size, rec.gen, rec.key)
+    else:
+        body = _REC.pack(_MAGIC, rec.op, len(rec.key), rec.file_size, rec.time_ns, rec.key)
     return body + xxhash.xxh32_intdigest(body).to_bytes(4, "little")
+
+
+def log_owner(name: str) -> tuple[str, str] | None:
+    """(uid, token) of a log written by this version, None for an older log (or not a log name)."""
+    m = _LOG_RE.match(name)
+    return (m.group(1), m.group(2)) if m else None
+
+
+def _read_fresh(path: Path, start: int = 0) -> bytes:
+    """A log or snapshot from ``start`` to its end, not from this client's page cache. A log's writer
+    overwrites the zeros it reserved ahead (``posix_fallocate``), so the file's size does not change when a
+    record lands and a FUSE client (ceph-fuse, GlusterFS) keeps serving the zeros it cached at an earlier read.
+    Every index read goes through here, compaction's above all: it deletes the logs it merged, so a record it
+    missed is gone for good (the two-node GlusterFS soak lost 107 acknowledged chunks in 45 s, all put by
+    processes later killed, until compaction read their logs this way; 0 after)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        except OSError:
+            pass  # no page cache to drop, or no fadvise: the read below is what the file system gives
+        chunks: list[bytes] = []
+        off = start
+        while True:
+            b = os.pread(fd, 1 << 20, off)
+            if not b:
+                return b"".join(chunks)
+            chunks.append(b)
+            off += len(b)
+    finally:
+        os.close(fd)
+
+
+def _stem(name: str) -> str:
+    """A log's name without ``.log``/``.closed``: the same log before and after ``close()`` renames it."""
+    return name.rsplit(".", 1)[0]
 
 
 def _decode_log(data: bytes) -> Iterator[IndexRecord]:
@@ -85,51 +148,114 @@ def _decode_log(data: bytes) -> Iterator[IndexRecord]:
     for j in range(n):
         off = j * _REC_BYTES
         body = raw[off : off + _REC.size]
-        if arr["magic"][j] != _MAGIC or xxhash.xxh32_intdigest(body) != int(arr["sum"][j]):
+        magic = arr["magic"][j]
+        if magic not in (_MAGIC, _MAGIC2) or xxhash.xxh32_intdigest(body) != int(arr["sum"][j]):
             return
         klen = int(arr["klen"][j])
         if arr["op"][j] not in (OP_PUT, OP_DEL) or not 0 < klen <= 64:  # checksummed but not ours: foreign
             return
         key = bytes(raw[off + 24 : off + 24 + klen])
-        yield IndexRecord(int(arr["op"][j]), key, int(arr["size"][j]), int(arr["time"][j]))
+        t = int(arr["time"][j])
+        if magic == _MAGIC2:
+            if t == 0:  # a new record always has a gen: checksummed but not ours
+                return
+            yield IndexRecord(int(arr["op"][j]), key, int(arr["size"][j]), 0, t)
+        else:
+            yield IndexRecord(int(arr["op"][j]), key, int(arr["size"][j]), t)
 
 
-def pid_alive(pid: int) -> bool:
-    """True if a process of this node with that pid exists (used to spot crashed writers)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+@dataclass(slots=True)
+class _Snapshot:
+    """A parsed snapshot: listings (key, gen, size), tombstones (key, gen) and the log names it covers."""
+
+    entries: list[tuple[bytes, int, int]]
+    tombs: list[tuple[bytes, int]]
+    covered: set[str]
+
+
+def _parse_snapshot(data: bytes, where: str) -> _Snapshot:
+    """Either snapshot format; raises ``ValueError`` naming ``where`` on anything damaged. Sizes read from
+    the file are checked against its length before any array is built on them."""
+    if len(data) < _SNAP_HEAD.size + 8:
+        raise ValueError(f"{where}: truncated snapshot")
+    magic, count, second, names_len = _SNAP_HEAD.unpack_from(data)
+    body_end = len(data) - 8
+    if magic not in (_SNAP_MAGIC, _SNAP2_MAGIC) or \
+            xxhash.xxh3_64_intdigest(data[:body_end]) != int.from_bytes(data[body_end:], "little"):
+        raise ValueError(f"{where}: bad snapshot checksum")
+    v2 = magic == _SNAP2_MAGIC
+    dtype = _SNAP2_DTYPE if v2 else _SNAP_DTYPE
+    tomb_count = second if v2 else 0
+    off = _SNAP_HEAD.size
+    room = body_end - off - names_len
+    if names_len > body_end - off or count > room // dtype.itemsize or \
+            tomb_count > (room - count * dtype.itemsize) // _TOMB_DTYPE.itemsize:
+        raise ValueError(f"{where}: sizes in the header go past the end of the file")
+    covered = set(data[off : off + names_len].decode(errors="replace").split("\n")) - {""}
+    off += names_len
+    arr = np.frombuffer(data, dtype=dtype, count=count, offset=off)
+    if count and (int(arr["klen"].min()) == 0 or int(arr["klen"].max()) > 64):
+        raise ValueError(f"{where}: key length out of range")
+    keys = [k.ljust(n, b"\0") for k, n in zip(arr["key"].tolist(), arr["klen"].tolist())]  # numpy strips NULs
+    gens = arr["gen"].tolist() if v2 else [0] * count
+    entries = list(zip(keys, gens, arr["size"].tolist()))
+    tombs: list[tuple[bytes, int]] = []
+    if tomb_count:
+        t = np.frombuffer(data, dtype=_TOMB_DTYPE, count=tomb_count, offset=off + count * dtype.itemsize)
+        if int(t["klen"].min()) == 0 or int(t["klen"].max()) > 64:
+            raise ValueError(f"{where}: key length out of range")
+        tombs = [(k.ljust(n, b"\0"), g) for k, n, g in zip(t["key"].tolist(), t["klen"].tolist(), t["gen"].tolist())]
+    return _Snapshot(entries, tombs, covered)
 
 
 class TierIndex:
-    """The live set of one tier: key -> file size in bytes. Thread-safe."""
+    """The live set of one tier: key -> file size in bytes, each listing with its gen and owning node.
+    Thread-safe.
 
-    def __init__(self, folder: Path, *, node_id: str, writable: bool = True) -> None:
+    Invariants: ``_live`` and ``_gens`` have the same keys and no ``_gens[k]`` is empty (gen -> owner uid;
+    gen 0 and owner ``""`` for entries of older versions). A key is one node's (its quota, its eviction) iff
+    one of its gens was put by that node. Only this node's records go to our log, and only our own logs are
+    ever compacted or deleted by us."""
+
+    def __init__(self, folder: Path, *, node_id: str, writable: bool = True, node_uid: str | None = None,
+                 lease_expiry_s: float = LEASE_EXPIRY_S) -> None:
         self.folder = folder
         self.node_id = "".join(c if c.isalnum() or c in "-_." else "_" for c in node_id)[:40] or "node"
+        # Used alone (tests, tools) without a persisted id, the label stands in for it, hashed to the id's form.
+        self.uid = node_uid or xxhash.xxh64_hexdigest(self.node_id.encode())
         self._lock = threading.Lock()
         self._live: dict[bytes, int] = {}
-        self._tails: dict[str, int] = {}  # other writers' logs: name -> bytes consumed
-        self._own_name = f"log-{self.node_id}-{os.getpid()}-{secrets.token_hex(4)}.log"
+        self._gens: dict[bytes, dict[int, str]] = {}
+        self._early: dict[tuple[bytes, int], None] = {}  # deletes read before their put (bounded, oldest out)
+        self._tails: dict[str, int] = {}  # logs read: stem -> bytes consumed (a rename to .closed keeps it)
+        self._snap_seen: dict[str, tuple[int, int, int]] | None = {}  # snapshot -> (inode, size, mtime_ns) loaded
+        token = new_token()
+        self._own_name = f"log-{self.uid}-{token}.log"
+        self.lease = Lease(folder, self.uid, token, label=self.node_id, expiry_s=lease_expiry_s)
         self._own_fd: int | None = None
         self.writable = writable
         self.load_seconds = 0.0
         self.compacted_logs = 0
+        self.reloads = 0  # full reloads after a snapshot changed or a log vanished (see refresh)
         self.append_errors = 0  # records that could not be appended to our log (see _append)
         self._own_size = 0  # bytes of whole records in our log; the reserve beyond it is zeros
         self._reserved = 0  # bytes allocated to our log (>= _own_size when reservation works)
         t0 = time.perf_counter()
-        folder.mkdir(parents=True, exist_ok=True) if writable else None
         if writable:
-            self._compact()
-        self._load()
-        if writable:
-            self._own_fd = os.open(folder / self._own_name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            folder.mkdir(parents=True, exist_ok=True)
+            self.lease.start()  # before our log exists: a log without a live lease is a dead writer's
+            try:
+                self._compact()
+                with self._lock:
+                    self._load()
+                self._own_fd = os.open(folder / self._own_name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            except BaseException:
+                self.lease.close()
+                raise
             self._reserve()
+        else:
+            with self._lock:
+                self._load()
         self.load_seconds = time.perf_counter() - t0
 
     # -- queries --------------------------------------------------------------------------------------------
@@ -150,14 +276,29 @@ class TierIndex:
         with self._lock:
             return sum(self._live.values())
 
+    def owners(self, key: bytes) -> set[str]:
+        """Node ids whose puts list ``key`` (``""``: an entry of an older version, nobody's)."""
+        with self._lock:
+            return set(self._gens.get(key, {}).values())
+
+    def owned(self, key: bytes) -> bool:
+        """True if this node put one of the key's listings (the key counts against this node's quota)."""
+        with self._lock:
+            return self.uid in self._gens.get(key, {}).values()
+
     # -- updates --------------------------------------------------------------------------------------------
     def record(self, op: int, key: bytes, file_size: int = 0) -> None:
-        """Apply and append one record (a put after the file is published, a delete after it is unlinked)."""
-        rec = IndexRecord(op, key, file_size, time.time_ns())
+        """Apply and append: a put after the file is published (a new gen, this node's), or a delete after the
+        file is unlinked (one record per gen listed for the key, whoever put it: the name is gone for all)."""
         with self._lock:
-            self._apply(rec)
-            if self._own_fd is not None:
-                self._append(_encode(rec))
+            if op == OP_PUT:
+                recs = [IndexRecord(OP_PUT, key, file_size, 0, secrets.randbits(64) or 1)]
+            else:  # a gen-0 listing (older version) is deleted by an older-style record: all its gens
+                recs = [IndexRecord(OP_DEL, key, 0, 0 if g else time.time_ns(), g) for g in self._gens.get(key, {})]
+            for rec in recs:
+                self._apply(rec, self.uid)
+                if self._own_fd is not None:
+                    self._append(_encode(rec))
 
     def _reserve(self) -> None:
         """Allocate the next ``_RESERVE_BYTES`` of our log ahead of the records (see the module docstring).
@@ -203,178 +344,274 @@ class TierIndex:
         """Drop an entry from memory only (its file was found missing: another node deleted it)."""
         with self._lock:
             self._live.pop(key, None)
+            self._gens.pop(key, None)
 
-    def _apply(self, rec: IndexRecord) -> None:
+    def _apply(self, rec: IndexRecord, owner: str) -> None:
+        """Apply one record of ``owner``'s log. Called with ``_lock`` held (or on a state not yet shared)."""
+        key = rec.key
         if rec.op == OP_PUT:
-            self._live[rec.key] = rec.file_size
+            if rec.gen and (key, rec.gen) in self._early:  # its delete was read first (another log)
+                del self._early[(key, rec.gen)]
+                return
+            self._gens.setdefault(key, {})[rec.gen] = owner
+            self._live[key] = rec.file_size
         elif rec.op == OP_DEL:
-            self._live.pop(rec.key, None)
+            gens = self._gens.get(key)
+            if rec.gen and (gens is None or rec.gen not in gens):
+                self._early[(key, rec.gen)] = None
+                if len(self._early) > _MAX_EARLY_DELETES:
+                    del self._early[next(iter(self._early))]
+                return
+            if gens is not None and rec.gen:
+                del gens[rec.gen]
+            if not rec.gen or not gens:  # an older-style delete removes every listing of the key
+                self._gens.pop(key, None)
+                self._live.pop(key, None)
 
     def refresh(self) -> list[IndexRecord]:
         """Read what other writers appended since the last look; returns the new records (for eviction
-        bookkeeping). Cheap when nothing changed: one directory listing and one read per log."""
-        new: list[IndexRecord] = []
-        for name in self._log_names():
+        bookkeeping). Cheap when nothing changed: one directory listing, a stat per snapshot and one read per
+        log. If a snapshot changed or a log vanished before we read all of it (a peer compacted), the whole
+        index is reloaded instead (``reloads`` counts it) and nothing is returned: callers then resync."""
+        logs, snaps = self._listing()
+        if self._stamps(snaps) != self._snap_seen:
+            self._reload()
+            return []
+        legacy: list[IndexRecord] = []
+        new: list[tuple[str, list[IndexRecord]]] = []
+        for name in logs:
             if name == self._own_name:
                 continue
-            start = self._tails.get(name, 0)
+            stem = _stem(name)
+            start = self._tails.get(stem, 0)
             try:
-                with open(self.folder / name, "rb") as f:
-                    f.seek(start)
-                    data = f.read()
-            except FileNotFoundError:
-                continue
+                data = _read_fresh(self.folder / name, start)
+            except OSError as exc:
+                if exc.errno in (errno.ENOENT, errno.ESTALE):  # compacted (or renamed) under us: reload
+                    self._reload()
+                    return []
+                continue  # an unreadable log is a failing tier: its reads report that; try again next time
             whole = len(data) // _REC_BYTES * _REC_BYTES
             recs = list(_decode_log(data[:whole]))
-            self._tails[name] = start + len(recs) * _REC_BYTES
-            new += recs
-        new.sort(key=lambda r: r.time_ns)
+            self._tails[stem] = start + len(recs) * _REC_BYTES
+            owner = log_owner(name)
+            if owner is None:
+                legacy += recs
+            else:
+                new.append((owner[0], recs))
+        legacy.sort(key=lambda r: r.time_ns)
         with self._lock:
-            for rec in new:
-                self._apply(rec)
-        return new
+            for rec in legacy:
+                self._apply(rec, "")
+            for uid, recs in new:
+                for rec in recs:
+                    self._apply(rec, uid)
+        return legacy + [r for _, recs in new for r in recs]
+
+    def _reload(self) -> None:
+        with self._lock:
+            self._load()
+        self.reloads += 1
 
     def close(self) -> None:
-        """Stop appending and mark the log closed so the next open may compact it."""
+        """Stop appending, mark the log closed so this node's next open may compact it, then give up the lease
+        (in that order: a log without a live lease is a finished one)."""
         with self._lock:
             fd, self._own_fd = self._own_fd, None
         if fd is None:
+            self.lease.close()
             return
         try:
             os.ftruncate(fd, self._own_size)  # the unused reserve goes
         except OSError:
             pass
-        os.close(fd)
+        try:
+            os.close(fd)
+        except OSError:
+            pass
         own = self.folder / self._own_name
         try:
             if self._own_size == 0 or own.stat().st_size == 0:
                 own.unlink()
             else:
                 own.rename(own.with_suffix(".closed"))
-        except FileNotFoundError:
-            pass
+        except OSError:
+            pass  # a failing tier: the log stays .log, and its lease expiry marks it closed
+        self.lease.close()
 
     # -- loading and compaction -----------------------------------------------------------------------------
-    def _log_names(self) -> list[str]:
+    def _listing(self) -> tuple[list[str], list[str]]:
+        """(log names, snapshot names) in the index folder, sorted."""
         try:
-            return sorted(n for n in os.listdir(self.folder) if n.startswith("log-") and n.endswith((".log", ".closed")))
-        except FileNotFoundError:
-            return []
+            names = sorted(os.listdir(self.folder))
+        except OSError:
+            return [], []
+        logs = [n for n in names if n.startswith("log-") and n.endswith((".log", ".closed"))]
+        snaps = [n for n in names if n == _LEGACY_SNAPSHOT or n.endswith(SNAPSHOT_SUFFIX)]
+        return logs, snaps
 
-    def _read_snapshot(self) -> tuple[dict[bytes, int], set[str]]:
-        path = self.folder / "snapshot.idx"
+    def _log_names(self) -> list[str]:
+        return self._listing()[0]
+
+    def _stamps(self, snaps: list[str]) -> dict[str, tuple[int, int, int]]:
+        out: dict[str, tuple[int, int, int]] = {}
+        for name in snaps:
+            try:
+                st = os.stat(self.folder / name)
+            except OSError:
+                continue
+            out[name] = (st.st_ino, st.st_size, st.st_mtime_ns)
+        return out
+
+    def _read_snapshot(self, path: Path | None = None) -> tuple[dict[bytes, int], set[str]]:
+        """(key -> size, covered log names) of one snapshot (default: the older versions' ``snapshot.idx``);
+        empty if there is none. Raises ``ValueError`` if it is damaged."""
+        path = path or self.folder / _LEGACY_SNAPSHOT
         try:
             data = path.read_bytes()
         except FileNotFoundError:
             return {}, set()
-        if len(data) < _SNAP_HEAD.size + 8:
-            raise ValueError(f"{path}: truncated snapshot")
-        magic, count, _t, names_len = _SNAP_HEAD.unpack_from(data)
-        body_end = len(data) - 8
-        if magic != _SNAP_MAGIC or xxhash.xxh3_64_intdigest(data[:body_end]) != int.from_bytes(data[body_end:], "little"):
-            raise ValueError(f"{path}: bad snapshot checksum")
-        off = _SNAP_HEAD.size
-        if names_len > body_end - off or count > (body_end - off - names_len) // _SNAP_DTYPE.itemsize:
-            raise ValueError(f"{path}: sizes in the header go past the end of the file")
-        covered = set(data[off : off + names_len].decode().split("\n")) - {""}
-        off += names_len
-        arr = np.frombuffer(data, dtype=_SNAP_DTYPE, count=count, offset=off)
-        if count and (int(arr["klen"].min()) == 0 or int(arr["klen"].max()) > 64):
-            raise ValueError(f"{path}: key length out of range")
-        sizes = arr["size"].tolist()
-        klens = arr["klen"].tolist()
-        keys = arr["key"].tolist()  # numpy strips trailing NULs: re-pad to the stored length
-        live = {k.ljust(n, b"\0"): s for k, n, s in zip(keys, klens, sizes)}
-        return live, covered
+        snap = _parse_snapshot(data, str(path))
+        return {k: size for k, _g, size in snap.entries}, snap.covered
 
     def _load(self) -> None:
-        try:
-            live, covered = self._read_snapshot()
-        except ValueError:
-            live, covered = {}, set()  # a damaged snapshot only costs the entries it held (a cache, re-written later)
-        self._live = live
-        recs: list[IndexRecord] = []
-        for name in self._log_names():
+        """Rebuild the live set from every snapshot and every log no snapshot covers. Puts go first, then
+        deletes: a delete names its put's gen, so the order in which nodes' logs are read does not matter.
+        Called with ``_lock`` held (or before the index is shared)."""
+        logs, snaps = self._listing()
+        self._snap_seen = self._stamps(snaps)  # before reading: a change while we read shows next time
+        self._live, self._gens, self._early, self._tails = {}, {}, {}, {}
+        covered: set[str] = set()
+        dels: list[tuple[IndexRecord, str]] = []
+        for name in snaps:
+            try:
+                snap = _parse_snapshot(_read_fresh(self.folder / name), name)
+            except (ValueError, OSError):
+                continue  # a damaged snapshot only costs the entries it held (a cache, re-written later)
+            owner = "" if name == _LEGACY_SNAPSHOT else name[: -len(SNAPSHOT_SUFFIX)]
+            covered |= snap.covered
+            for key, gen, size in snap.entries:
+                self._apply(IndexRecord(OP_PUT, key, size, 0, gen), owner)
+            dels += [(IndexRecord(OP_DEL, key, 0, 0, gen), owner) for key, gen in snap.tombs if gen]
+        legacy: list[IndexRecord] = []
+        for name in logs:
             if name in covered:
                 continue
             try:
-                data = (self.folder / name).read_bytes()
-            except FileNotFoundError:
+                data = _read_fresh(self.folder / name)
+            except OSError:
                 continue
             whole = len(data) // _REC_BYTES * _REC_BYTES
             got = list(_decode_log(data[:whole]))
-            self._tails[name] = len(got) * _REC_BYTES
-            recs += got
-        recs.sort(key=lambda r: r.time_ns)
-        for rec in recs:
-            self._apply(rec)
-
-    def _closed_log(self, name: str) -> bool:
-        if name.endswith(".closed"):
-            return True
-        # log-<node>-<pid>-<rand>.log of this node whose process is gone: a crashed writer.
-        parts = name[4:-4].rsplit("-", 2)
-        if len(parts) == 3 and parts[0] == self.node_id and parts[1].isdigit():
-            return not pid_alive(int(parts[1]))
-        return False
+            self._tails[_stem(name)] = len(got) * _REC_BYTES
+            writer = log_owner(name)
+            if writer is None:
+                legacy += got
+                continue
+            for rec in got:
+                if rec.op == OP_PUT or not rec.gen:
+                    self._apply(rec, writer[0])
+                else:
+                    dels.append((rec, writer[0]))
+        legacy.sort(key=lambda r: r.time_ns)
+        for rec in legacy:
+            self._apply(rec, "")
+        for rec, owner in dels:
+            self._apply(rec, owner)
 
     def _compact(self) -> None:
-        lock_path = self.folder / "compact.lock"
-        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o600)
+        """Merge this node's closed logs into its own snapshot and delete them. Best effort (an optimisation):
+        any failure leaves the logs, which are then simply read at open."""
+        try:
+            fd = os.open(self.folder / f"{self.uid}.compact.lock", os.O_RDWR | os.O_CREAT, 0o600)
+        except OSError:
+            return
         try:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except OSError:
-                return  # someone else is compacting; their snapshot will do
-            try:
-                live, covered = self._read_snapshot()
-            except ValueError:
-                live, covered = {}, set()
-            names = self._log_names()
-            for name in names:  # logs a crash left behind after they were merged
-                if name in covered:
-                    (self.folder / name).unlink(missing_ok=True)
-            closed = [n for n in names if n not in covered and self._closed_log(n)]
-            if not closed:
-                return
-            recs: list[IndexRecord] = []
-            for name in closed:
-                data = (self.folder / name).read_bytes()
-                recs += _decode_log(data[: len(data) // _REC_BYTES * _REC_BYTES])
-            recs.sort(key=lambda r: r.time_ns)
-            for rec in recs:
-                if rec.op == OP_PUT:
-                    live[rec.key] = rec.file_size
-                else:
-                    live.pop(rec.key, None)
-            try:
-                self._write_snapshot(live, set(closed))
-            except OSError as exc:  # a full or failing tier must still open: compaction is only an optimisation
-                log.warning("index %s: compaction skipped: %s", self.folder, exc.strerror or exc)
-                return
-            for name in closed:
-                (self.folder / name).unlink(missing_ok=True)
-            self.compacted_logs = len(closed)
+            except OSError as exc:
+                if exc.errno in (errno.EAGAIN, errno.EWOULDBLOCK, errno.EACCES):
+                    return  # another process of this node is compacting; its snapshot will do
+                # No flock here (ENOLCK, EOPNOTSUPP): only this node's own processes could race on this file.
+            self._compact_locked()
+        except OSError as exc:  # a full or failing tier must still open: compaction is only an optimisation
+            log.warning("index %s: compaction skipped: %s", self.folder, exc.strerror or exc)
         finally:
             os.close(fd)
 
-    def _write_snapshot(self, live: dict[bytes, int], covered: set[str]) -> None:
-        arr = np.zeros(len(live), dtype=_SNAP_DTYPE)
-        if live:
-            keys = list(live)
-            arr["key"] = keys
-            arr["klen"] = [len(k) for k in keys]
-            arr["size"] = list(live.values())
+    def _compact_locked(self) -> None:
+        snap_path = self.folder / f"{self.uid}{SNAPSHOT_SUFFIX}"
+        try:
+            snap = _parse_snapshot(_read_fresh(snap_path), str(snap_path))
+        except FileNotFoundError:
+            snap = _Snapshot([], [], set())
+        except ValueError:
+            snap = _Snapshot([], [], set())  # damaged: its entries are lost (a cache); the logs still here count
+        logs = self._listing()[0]
+        mine = [(n, o) for n in logs if (o := log_owner(n)) is not None and o[0] == self.uid]
+        for name, _o in mine:  # logs a crash left behind after they were merged
+            if name in snap.covered:
+                (self.folder / name).unlink(missing_ok=True)
+        live: dict[str, str] | None = None
+        closed: list[str] = []
+        for name, (_uid, token) in mine:
+            if name in snap.covered or name == self._own_name:
+                continue
+            if not name.endswith(".closed"):
+                live = self.lease.live() if live is None else live
+                if f"{self.uid}-{token}" in live:
+                    continue  # another process of this node is writing it
+            closed.append(name)
+        if not closed:
+            return
+        entries = {(k, g): size for k, g, size in snap.entries}
+        tombs = dict.fromkeys(snap.tombs)
+        for name in closed:
+            data = _read_fresh(self.folder / name)
+            for rec in _decode_log(data[: len(data) // _REC_BYTES * _REC_BYTES]):
+                if rec.op == OP_PUT:
+                    entries[(rec.key, rec.gen)] = rec.file_size
+                elif not rec.gen:  # an older-style delete: every listing of ours; nothing to keep for others
+                    for kg in [kg for kg in entries if kg[0] == rec.key]:
+                        del entries[kg]
+                elif (rec.key, rec.gen) in entries:
+                    del entries[(rec.key, rec.gen)]
+                else:  # another node's listing: kept so that whoever loads its put also loads this delete
+                    tombs[(rec.key, rec.gen)] = None
+        while len(tombs) > _MAX_TOMBSTONES:
+            del tombs[next(iter(tombs))]
+        self._write_snapshot(entries, set(closed), tombs=list(tombs), path=snap_path)
+        for name in closed:
+            (self.folder / name).unlink(missing_ok=True)
+        self.compacted_logs = len(closed)
+
+    def _write_snapshot(self, live: dict[bytes, int] | dict[tuple[bytes, int], int], covered: set[str], *,
+                        tombs: list[tuple[bytes, int]] | None = None, path: Path | None = None) -> None:
+        """Publish a snapshot (by rename) at ``path`` (default the older versions' name). ``live`` maps
+        (key, gen) -> size, or key -> size for listings without a gen."""
+        rows = [((k, 0) if isinstance(k, bytes) else k, size) for k, size in live.items()]
+        arr = np.zeros(len(rows), dtype=_SNAP2_DTYPE)
+        if rows:
+            arr["key"] = [k for (k, _g), _s in rows]
+            arr["klen"] = [len(k) for (k, _g), _s in rows]
+            arr["gen"] = [g for (_k, g), _s in rows]
+            arr["size"] = [s for _kg, s in rows]
+        tombs = tombs or []
+        t = np.zeros(len(tombs), dtype=_TOMB_DTYPE)
+        if tombs:
+            t["key"] = [k for k, _g in tombs]
+            t["klen"] = [len(k) for k, _g in tombs]
+            t["gen"] = [g for _k, g in tombs]
         names = "\n".join(sorted(covered)).encode()
-        body = _SNAP_HEAD.pack(_SNAP_MAGIC, len(live), time.time_ns(), len(names)) + names + arr.tobytes()
-        tmp = self.folder / f"snapshot.{os.getpid()}.{secrets.token_hex(4)}.tmp"
+        body = _SNAP2_HEAD.pack(_SNAP2_MAGIC, len(rows), len(tombs), len(names)) + names + arr.tobytes() + t.tobytes()
+        path = path or self.folder / _LEGACY_SNAPSHOT
+        tmp = self.folder / f"snapshot.{self.uid}.{secrets.token_hex(4)}.tmp"
         try:
             self._write_file(tmp, body)
         except BaseException:
             tmp.unlink(missing_ok=True)
             raise
-        os.replace(tmp, self.folder / "snapshot.idx")
-
+        os.replace(tmp, path)
     @staticmethod
     def _write_file(tmp: Path, body: bytes) -> None:
         with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "wb") as f:

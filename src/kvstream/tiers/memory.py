@@ -137,6 +137,8 @@ class HostMemoryTier:
             if old is not None:
                 self.pool.release(entry.buf)
                 return old
+            if meta is not None and entry.access is None:
+                entry.access = meta  # what the policy was told, kept with the entry (as a put's is)
             self._entries[entry.key] = entry
             if dirty:
                 entry.dirty += 1

@@ -1,0 +1,219 @@
+"""Owed replicas: a copy the replication policy asked for and the writer had to skip is deferred, not dropped.
+
+A second copy is skipped at flush when its tier's write backlog is past ``write_backlog_bytes`` (a slow shared
+tier must not fill host memory), when the tier's circuit breaker is open, or when its write fails with an I/O
+error. Each such (chunk, tier) becomes a *debt*: :class:`OwedReplicas` keeps the set, persistently, and
+:class:`CatchUp` pays it back in the background once the tier's backlog has drained below half its limit and
+the tier is usable again — from host memory if the chunk is still there, else by reading it back from a tier
+that holds it. A debt ends when the copy is published on the tier, or when the chunk is nowhere any more
+(evicted by policy from every tier: nothing is left to copy, and nothing was lost that policy did not drop).
+
+Persistence: a journal of text lines in the first tier's folder, ``owed/<node_id>.log`` (``+TIER KEYHEX`` owes,
+``-TIER KEYHEX`` pays), rewritten compacted at open. Appends are small and unsynced: a crash may forget the
+debts of its last moments (those chunks keep their first copy; ``kvstream verify --config`` finds what the
+policy says is missing). Nothing read from the journal is trusted: a line that is not a known tier and a hex
+key of 1..64 bytes is skipped.
+
+Why full replication is checked by a scan too: a store that crashed before its journal reached the disk, or an
+operator's ``verify --repair``, can find debts from the indexes alone (every chunk on the primary tier, not on
+a tier that full replication also writes). :func:`full_replication_deficits` is that scan.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections.abc import Iterable
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from kvstream.store import Store
+
+__all__ = ["OwedReplicas", "CatchUp", "full_replication_deficits"]
+
+log = logging.getLogger("kvstream.store")
+
+
+class OwedReplicas:
+    """The set of (tier name, key) copies owed, with its journal. Thread-safe."""
+
+    def __init__(self, folder: Path | None, node_id: str, tier_names: Iterable[str]) -> None:
+        self._lock = threading.Lock()
+        self._tiers = list(tier_names)
+        self._owed: dict[str, dict[bytes, None]] = {t: {} for t in self._tiers}  # insertion-ordered sets
+        self._fd: int | None = None
+        self.journal_errors = 0
+        self.path = folder / f"{node_id}.log" if folder is not None else None
+        if self.path is not None:
+            self._load_and_compact()
+
+    # -- the set ---------------------------------------------------------------------------------------------
+    def owe(self, tier: str, key: bytes) -> None:
+        with self._lock:
+            if key not in self._owed[tier]:
+                self._owed[tier][key] = None
+                self._append(f"+{tier} {key.hex()}\n")
+
+    def paid(self, tier: str, key: bytes) -> None:
+        with self._lock:
+            if self._owed[tier].pop(key, 0) is None:
+                self._append(f"-{tier} {key.hex()}\n")
+
+    def owes(self, tier: str, key: bytes) -> bool:
+        return key in self._owed[tier]
+
+    def oldest(self, tier: str, n: int) -> list[bytes]:
+        """Up to ``n`` debts of ``tier``, oldest first (they stay owed until :meth:`paid`)."""
+        with self._lock:
+            out = []
+            for k in self._owed[tier]:
+                if len(out) >= n:
+                    break
+                out.append(k)
+            return out
+
+    def counts(self) -> dict[str, int]:
+        with self._lock:
+            return {t: len(d) for t, d in self._owed.items()}
+
+    def close(self) -> None:
+        with self._lock:
+            fd, self._fd = self._fd, None
+        if fd is not None:
+            os.close(fd)
+
+    # -- the journal -----------------------------------------------------------------------------------------
+    def _append(self, line: str) -> None:
+        if self._fd is None:
+            return
+        try:
+            os.write(self._fd, line.encode())
+        except OSError as exc:  # a full or failing first tier: the debt is still owed in memory
+            self.journal_errors += 1
+            if self.journal_errors in (1, 100):
+                log.warning("owed replicas %s: journal append failed (%s); debts are kept in memory",
+                            self.path, exc.strerror or exc)
+
+    def _load_and_compact(self) -> None:
+        assert self.path is not None
+        try:
+            self.path.parent.mkdir(mode=0o700, exist_ok=True)  # as the tier's own folders
+            try:
+                with open(self.path, "rb") as f:
+                    data = f.read(64 << 20)  # a journal past 64 MiB is damaged or foreign: read what fits
+            except FileNotFoundError:
+                data = b""
+            for raw in data.split(b"\n"):
+                parsed = self._parse(raw)
+                if parsed is None:
+                    continue
+                sign, tier, key = parsed
+                if sign == "+":
+                    self._owed[tier][key] = None
+                else:
+                    self._owed[tier].pop(key, None)
+            body = "".join(f"+{t} {k.hex()}\n" for t, d in self._owed.items() for k in d).encode()
+            tmp = self.path.with_suffix(".tmp")
+            with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "wb") as f:
+                f.write(body)
+            os.replace(tmp, self.path)
+            self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND)
+        except OSError as exc:
+            log.warning("owed replicas %s: journal unusable (%s); debts are kept in memory only",
+                        self.path, exc.strerror or exc)
+
+    def _parse(self, raw: bytes) -> tuple[str, str, bytes] | None:
+        try:
+            text = raw.decode("ascii")
+        except UnicodeDecodeError:
+            return None
+        if len(text) < 4 or text[0] not in "+-" or " " not in text:
+            return None
+        tier, _, hexkey = text[1:].partition(" ")
+        if tier not in self._owed or not 2 <= len(hexkey) <= 128 or len(hexkey) % 2:
+            return None
+        try:
+            return text[0], tier, bytes.fromhex(hexkey)
+        except ValueError:
+            return None
+
+
+def full_replication_deficits(store: "Store") -> dict[str, list[bytes]]:
+    """With ``replication: full``, the chunks this node's primary tier holds that another tier it writes to
+    lacks (a shared tier's other chunks are other nodes', never a deficit of this one's)."""
+    primary = store.tiers[0]
+    keys = [k for k, _ in primary.index.items()]
+    return {t.name: [k for k in keys if not t.contains(k)] for t in store.tiers[1:]}
+
+
+class CatchUp:
+    """Pays owed replicas back in the background (see the module docstring). One daemon thread per store."""
+
+    interval_s = 0.25
+    batch = 16  # chunks per tier per round: catch-up must not crowd the serving path's reads and writes
+
+    def __init__(self, store: "Store", owed: OwedReplicas) -> None:
+        self.store = store
+        self.owed = owed
+        self.copies_started = 0
+        self.reads = 0
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="kvs-catch-up", daemon=True)
+        self._thread.start()
+
+    def poke(self) -> None:
+        """Something may have changed (a backlog drained, a breaker closed): look now, not at the next tick."""
+        self._wake.set()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._wake.set()
+        self._thread.join(timeout=5)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self._wake.wait(self.interval_s)
+            self._wake.clear()
+            if self._stop.is_set():
+                return
+            try:
+                self.round()
+            except Exception:  # noqa: BLE001 — the thread must outlive one bad round; the debts stay owed
+                log.exception("owed replicas: catch-up round failed")
+
+    def round(self) -> int:
+        """One pass over every tier's debts; returns the copies handed to the writer."""
+        store = self.store
+        writer = store._writer
+        started = 0
+        for t in store.tiers:
+            if not self.owed.counts()[t.name]:
+                continue
+            if not store._usable(t.position) or writer.backlog(t.position) >= writer.backlog_limit(t.position) // 2:
+                continue
+            for key in self.owed.oldest(t.name, self.batch):
+                if store._closed or self._stop.is_set():
+                    return started
+                if t.contains(key):
+                    self.owed.paid(t.name, key)
+                    continue
+                if not self._in_memory(key):
+                    holders = [o for o in store.tiers if o is not t and o.contains(key)]
+                    if not holders:
+                        self.owed.paid(t.name, key)  # evicted everywhere by policy: nothing to copy
+                        continue
+                    self.reads += 1
+                    for _i, _chunk in store.read_chunks([key]):  # lands in host memory (or is a miss)
+                        pass
+                if store._writer.order_copy(key, t.position):
+                    started += 1
+        if started:
+            store.flush()
+            self.copies_started += started
+        return started
+
+    def _in_memory(self, key: bytes) -> bool:
+        return self.store.memory.peek(key) is not None

@@ -1,0 +1,95 @@
+"""Issue 13: a configured replica is a replica. A second copy the writer had to skip (backlog, open breaker,
+I/O error) is owed, survives a restart in the journal, and is written by the catch-up once the tier can take
+it; a chunk evicted everywhere by policy is not owed for ever; the journal is never trusted."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import numpy as np
+
+import kvstream
+from kvstream.io import make_engine
+from kvstream.io.faults import Fault, FaultPlan, FaultyEngine
+from kvstream.replica_debt import OwedReplicas, full_replication_deficits
+
+
+def config(root: Path, **kw) -> dict:
+    base = {"tiers": [{"name": "local", "path": str(root / "local"), "capacity_bytes": "256MiB"},
+                      {"name": "shared", "path": str(root / "shared"), "capacity_bytes": "256MiB"}],
+            "memory_bytes": "32MiB", "create_dirs": True, "io_engine": "threads", "node_id": "n1"}
+    base.update(kw)
+    return base
+
+
+def chunks(n: int, size: int = 64 * 1024) -> dict[bytes, bytes]:
+    rng = np.random.default_rng(3)
+    return {rng.bytes(16): rng.bytes(size) for _ in range(n)}
+
+
+def wait_paid(s, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while any(t["replicas_owed"] for t in s.stats()["tiers"].values()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert s.drain(10)
+
+
+def test_copies_failed_by_eio_are_owed_across_a_restart_and_written_after(disk_tmp):
+    data = chunks(12)
+    plan = FaultPlan(seed=2)
+    plan.add(Fault(kind="eio", rings="shared-w"))  # every write to the shared tier fails
+    with kvstream.open_store(config(disk_tmp), engine=FaultyEngine(make_engine("threads"), plan)) as s:
+        for k, v in data.items():
+            s.put(k, v)
+        s.flush()
+        assert s.drain(10)
+        st = s.stats()["tiers"]["shared"]
+        assert st["chunks"] == 0 and st["replicas_owed"] == len(data)
+        s.health[1].cooldown_s = 3600  # the breaker stays open: catch-up must not hammer a failing tier
+    journal = disk_tmp / "local" / "owed" / "n1.log"
+    assert journal.exists()
+    with kvstream.open_store(config(disk_tmp)) as s:  # the tier is healthy again
+        assert s.stats()["tiers"]["shared"]["replicas_owed"] == len(data)
+        wait_paid(s)
+        st = s.stats()
+        assert st["tiers"]["shared"]["replicas_owed"] == 0 and st["tiers"]["shared"]["chunks"] == len(data)
+        assert st["catch_up_reads"] >= 1  # host memory was empty after the restart: read back from local
+        assert not any(full_replication_deficits(s).values())
+    # The local copies are gone; every chunk is still there, from the shared tier alone.
+    for f in (disk_tmp / "local" / "chunks").rglob("*.kvc"):
+        f.unlink()
+    with kvstream.open_store(config(disk_tmp)) as s:
+        got = s.get_many(list(data))
+        assert all(g is not None and bytes(g) == v for g, v in zip(got, data.values()))
+
+
+def test_a_debt_whose_chunk_was_evicted_everywhere_is_dropped_not_retried(disk_tmp):
+    data = chunks(3)
+    with kvstream.open_store(config(disk_tmp)) as s:
+        for k, v in data.items():
+            s.put(k, v, tiers=["local"])
+        s.flush()
+        assert s.drain(10)
+        gone = list(data)[0]
+        for k in data:
+            s.owed.owe("shared", k)
+        s.remove(gone)  # policy (here: the caller) dropped it from every tier and memory
+        wait_paid(s)
+        assert s.stats()["tiers"]["shared"]["chunks"] == 2 and not s.tiers[1].contains(gone)
+
+
+def test_the_journal_is_never_trusted(tmp_path):
+    folder = tmp_path / "owed"
+    folder.mkdir()
+    good = b"\x01" * 16
+    (folder / "n1.log").write_bytes(
+        b"+shared " + good.hex().encode() + b"\n"
+        b"+nosuchtier " + good.hex().encode() + b"\n"  # unknown tier
+        b"+shared zz\n+shared " + b"ab" * 65 + b"\n"  # not hex; a key past 64 bytes
+        b"\xff\xfe garbage\n+shared 0\n-shared\n"  # not ASCII; odd length; no key
+        b"+local " + good.hex().encode() + b"\n-local " + good.hex().encode() + b"\n")  # owed then paid
+    owed = OwedReplicas(folder, "n1", ["local", "shared"])
+    assert owed.counts() == {"local": 0, "shared": 1} and owed.owes("shared", good)
+    owed.close()
+    assert (folder / "n1.log").read_bytes() == b"+shared " + good.hex().encode() + b"\n"  # compacted at open
