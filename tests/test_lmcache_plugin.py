@@ -14,7 +14,6 @@ for _k, _v in {"LMCACHE_TRACK_USAGE": "false", "DO_NOT_TRACK": "1", "HF_HUB_OFFL
 
 import asyncio
 import contextlib
-import ctypes
 import json
 import logging
 import threading

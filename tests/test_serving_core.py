@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import pytest
-from _serving_fakes import req, run
+from _serving_fakes import LinearCost, req, run
 
 from kvstream.errors import UsageError
 from kvstream.serving.core import (
@@ -302,16 +302,8 @@ def test_bidaw_ready_request_whose_host_kv_was_evicted_goes_back_to_preparing():
 
 
 # -- compute joins the meet-in-the-middle ------------------------------------------------------------------------
-class _ComputeCost:
+class _ComputeCost(LinearCost):
     """LinearCost plus what compute needs: a recompute cost growing with position and a host->GPU cost."""
-
-    kv_bytes_per_token = 1
-    kv_capacity_bytes = 10**9
-
-    def step_time_agg(self, prefills, n_dec, sum_ctx):
-        if not prefills and not n_dec:
-            return 0.0
-        return 0.1 + 0.001 * sum(n for n, _ in prefills) + 0.01 * n_dec
 
     def host_load_s(self, nbytes):
         return 0.01 * nbytes  # 10 ms a chunk (chunk_bytes=1)

@@ -250,13 +250,18 @@ def _fail_open(monkeypatch, err: int, times: int = 10**9) -> list[int]:
     return calls
 
 
+def _stored(a, n: int) -> None:
+    """Chunks 0..n-1 put, written, and out of host memory (so reads go to the tier)."""
+    for i in range(n):
+        a.put(key(i), payload(i))
+    a.flush()
+    a.drain()
+    a.evict_memory()
+
+
 def test_estale_on_open_is_a_miss_and_does_not_open_the_breaker(disk_tmp, monkeypatch):
     with kvstream.open_store(node_cfg(disk_tmp, "a")) as a:
-        for i in range(5):
-            a.put(key(i), payload(i))
-        a.flush()
-        a.drain()
-        a.evict_memory()
+        _stored(a, 5)
         _fail_open(monkeypatch, errno.ESTALE)  # a peer's eviction, seen through this client's handle
         for i in range(5):
             assert a.get_many([key(i)]) == [None]
@@ -354,11 +359,7 @@ def test_close_failing_after_a_peers_delete_does_not_escape_get_many(disk_tmp, m
     import kvstream.reader as reader_mod
 
     with kvstream.open_store(node_cfg(disk_tmp, "a")) as a:
-        for i in range(4):
-            a.put(key(i), payload(i))
-        a.flush()
-        a.drain()
-        a.evict_memory()
+        _stored(a, 4)
         monkeypatch.setattr(reader_mod, "os", _OsCloseFails())
         got = a.get_many([key(i) for i in range(4)])
         assert [bytes(g) for g in got] == [payload(i).tobytes() for i in range(4)]

@@ -15,7 +15,7 @@ import dataclasses
 import math
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -29,7 +29,6 @@ from kvstream.serving.core import (
     Arrival,
     Event,
     Flush,
-    LoadDone,
     ReleaseChunks,
     ServingConfig,
     ServingCore,

@@ -500,9 +500,7 @@ class DirectoryTier:
         lists it, so no valid file stays invisible. No name is trusted alone: a reader
         checks the header's key and checksum, so a second file under one name (GlusterFS lets two links
         win, rarely) can cost a miss, never wrong bytes; ``kvstream verify`` reports it."""
-        won = self._link(tmp_path, self.path_for(key))
-        with self._lock:
-            self._reserved -= file_size
+        won = self._link(tmp_path, self.path_for(key))  # raises: the caller unreserves (Writer._finish_write)
         if not won:
             self.counters.already_present += 1
         if won:
@@ -514,6 +512,8 @@ class DirectoryTier:
         elif key not in self.index:
             self.index.record(OP_PUT, key, file_size)  # an unlisted file: listed (and owned) by us from now
         self._sync(key)
+        with self._lock:  # only now: until the chunk counts as used, its reservation holds its place
+            self._reserved -= file_size
         return won
 
     def _link(self, tmp_path: str, final: Path) -> bool:
