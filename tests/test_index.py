@@ -73,3 +73,33 @@ def test_many_entries_reopen_fast(tmp_path):
     dt = time.perf_counter() - t0
     assert len(again) == n and again.get((12345).to_bytes(16, "little")) == 8192
     assert dt < 5.0, f"reopening {n} entries took {dt:.2f} s"
+
+
+def test_a_snapshot_that_cannot_be_read_now_is_never_replaced_by_the_new_logs_alone(tmp_path, monkeypatch):
+    """GlusterFS can answer ENOENT for a file that exists, or a stale copy that fails its checksum, right after
+    another process of the node replaced the snapshot. Compaction must then wait, not start from an empty
+    snapshot: that dropped every chunk the old one listed (the two-node soak lost acknowledged chunks so)."""
+    import kvstream.tiers.index as index_mod
+
+    UID = "0123456789abcdef"  # noqa: N806 — a node's persistent id: 16 hex digits
+    first = TierIndex(tmp_path, node_id="n1", node_uid=UID)
+    first.record(OP_PUT, b"a" * 16, 8192)
+    first.close()
+    compacting = TierIndex(tmp_path, node_id="n1", node_uid=UID)  # compacts: "a" is in the snapshot now
+    assert compacting.compacted_logs == 1
+    compacting.close()
+    second = TierIndex(tmp_path, node_id="n1", node_uid=UID)
+    second.record(OP_PUT, b"b" * 16, 8192)
+    second.close()
+    real = index_mod._read_fresh
+    for err in (FileNotFoundError(2, "No such file or directory"), ValueError("bad snapshot checksum")):
+        def flaky(path, start=0, _err=err):
+            if str(path).endswith(index_mod.SNAPSHOT_SUFFIX):
+                raise _err
+            return real(path, start)
+
+        monkeypatch.setattr(index_mod, "_read_fresh", flaky)
+        TierIndex(tmp_path, node_id="n1", node_uid=UID).close()  # compaction must not run on nothing
+        monkeypatch.setattr(index_mod, "_read_fresh", real)
+        again = TierIndex(tmp_path, node_id="n1", node_uid=UID, writable=False)
+        assert b"a" * 16 in again and b"b" * 16 in again, type(err).__name__

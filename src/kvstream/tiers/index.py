@@ -541,12 +541,21 @@ class TierIndex:
 
     def _compact_locked(self) -> None:
         snap_path = self.folder / f"{self.uid}{SNAPSHOT_SUFFIX}"
+        # The new snapshot replaces the old one, so it must hold everything the old one did: compact only on
+        # top of a snapshot read whole, or of one that is really not there. A snapshot that cannot be read now
+        # (GlusterFS: a spurious ENOENT, or a stale copy that fails its checksum, right after another process of
+        # this node replaced it) means "not now", never "empty": replacing it with the new logs alone lost every
+        # chunk it listed (the two-node soak: 118 acknowledged chunks in 5 minutes, files on disk, listed by
+        # nobody). Its logs stay and are read at open meanwhile; `kvstream verify` reports a damaged one.
         try:
             snap = _parse_snapshot(_read_fresh(snap_path), str(snap_path))
         except FileNotFoundError:
+            if snap_path.name in os.listdir(self.folder):
+                return  # listed but not found: a stale lookup; compact next time
             snap = _Snapshot([], [], set())
-        except ValueError:
-            snap = _Snapshot([], [], set())  # damaged: its entries are lost (a cache); the logs still here count
+        except (OSError, ValueError) as exc:
+            log.warning("index %s: snapshot %s unreadable (%s); compaction skipped", self.folder, snap_path.name, exc)
+            return
         logs = self._listing()[0]
         mine = [(n, o) for n in logs if (o := log_owner(n)) is not None and o[0] == self.uid]
         for name, _o in mine:  # logs a crash left behind after they were merged
