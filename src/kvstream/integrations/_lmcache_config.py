@@ -17,7 +17,7 @@ from __future__ import annotations
 import difflib
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -54,6 +54,9 @@ KEYS: dict[str, str] = {
                "random id, so a label two nodes share does no harm",
     "node_state_path": "file keeping this node's persistent id (default: node-id in the first node-local tier's "
                        "folder); never on the shared file system",
+    "tenant_salt_file": "a file holding this deployment's secret tenant salt (16 bytes or more): keys of "
+                        "deployments with different salts never meet, even in one folder; never logged",
+    "tenant_salt_env": "the name of an environment variable holding the secret tenant salt (instead of a file)",
 }
 
 # For docs/config.md (kvstream.config.reference_markdown): type and default of each key that sets no store
@@ -70,6 +73,8 @@ KEY_DEFAULTS: dict[str, tuple[str, str]] = {
     "prefetch_ttl_s": ("float", "120"),
     "close_timeout_s": ("float", "120"),
     "shared_tiers": ("`NAME,...`", "— (no tier is shared)"),
+    "tenant_salt_file": ("path", "— (no salt: the namespace alone separates deployments)"),
+    "tenant_salt_env": ("str", "—"),
 }
 
 # StoreConfig / TierConfig field -> the kvstream.<key> that sets it (the others: through kvstream.config_file)
@@ -104,6 +109,7 @@ class PluginOptions:
     store: StoreConfig  # validated; tier folders are checked (and created) when the store opens
     store_source: str  # which keys the store config came from, for log lines and errors at open
     namespace: str  # mixed into every store key
+    tenant_salt: bytes | None = field(default=None, repr=False)  # secret, mixed into every key; never printed
     flush_after_s: float  # a buffered put waits at most this long before Store.flush()
     max_pending_write_bytes: int  # bytes of LMCache objects held by pending writes
     load_threads: int  # >= 1
@@ -294,6 +300,7 @@ def parse_extra_config(extra: Mapping[str, Any] | None, *, default_pending_bytes
         store=store,
         store_source=" + ".join(sources),
         namespace=str(opts.get("namespace", "")),
+        tenant_salt=_tenant_salt(opts),
         flush_after_s=float(_as_float("flush_after_ms", opts.get("flush_after_ms", 20), minimum=0.0)) / 1000.0,
         max_pending_write_bytes=parse_size(opts.get("max_pending_write_bytes", default_pending_bytes),
                                            _field("max_pending_write_bytes")),
@@ -302,6 +309,32 @@ def parse_extra_config(extra: Mapping[str, Any] | None, *, default_pending_bytes
         prefetch_ttl_s=float(_as_float("prefetch_ttl_s", opts.get("prefetch_ttl_s", 120), minimum=0.001)),
         close_timeout_s=float(_as_float("close_timeout_s", opts.get("close_timeout_s", 120), minimum=0.0)),
     )
+
+
+def _tenant_salt(opts: Mapping[str, Any]) -> bytes | None:
+    """The secret salt from ``tenant_salt_file`` or ``tenant_salt_env`` (not both), at least 16 bytes. Errors name
+    the key and the file or variable, never the value."""
+    if "tenant_salt_file" in opts and "tenant_salt_env" in opts:
+        raise ConfigError(_field("tenant_salt_env"), "give the salt by a file or by a variable, not both")
+    if "tenant_salt_file" in opts:
+        path = Path(os.path.expanduser(_as_str("tenant_salt_file", opts["tenant_salt_file"])))
+        try:
+            salt = path.read_bytes().strip()
+        except OSError as exc:
+            raise ConfigError(_field("tenant_salt_file"), f"cannot read {path}: {exc.strerror or exc}") from None
+        where = str(path)
+    elif "tenant_salt_env" in opts:
+        var = _as_str("tenant_salt_env", opts["tenant_salt_env"])
+        if var not in os.environ:
+            raise ConfigError(_field("tenant_salt_env"), f"the environment variable {var} is not set")
+        salt = os.environ[var].strip().encode()
+        where = f"${var}"
+    else:
+        return None
+    if len(salt) < 16:
+        raise ConfigError(_field("tenant_salt_file" if "tenant_salt_file" in opts else "tenant_salt_env"),
+                          f"{where} holds {len(salt)} bytes; a tenant salt needs at least 16 bytes of secret")
+    return salt
 
 
 def attribute_error(exc: ConfigError, opts: Mapping[str, Any]) -> ConfigError:

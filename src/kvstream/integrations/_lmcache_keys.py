@@ -63,8 +63,9 @@ class KeyMapper:
     every lookup, prefetch and get of a request asks for the same ones). Thread-safe.
     """
 
-    def __init__(self, namespace: str = "", *, memo_size: int = 1 << 16) -> None:
-        ns = KeyNamespace(model="lmcache", kv_dtype="per-key", layout="lmcache-CacheEngineKey", extra=namespace)
+    def __init__(self, namespace: str = "", *, memo_size: int = 1 << 16, tenant_salt: bytes | None = None) -> None:
+        ns = KeyNamespace(model="lmcache", kv_dtype="per-key", layout="lmcache-CacheEngineKey", extra=namespace,
+                          tenant_salt=tenant_salt)
         self._keyer = ChunkKeyer(ns)
         self._memo: OrderedDict[Any, bytes] = OrderedDict()
         self._memo_size = memo_size

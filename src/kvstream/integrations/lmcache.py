@@ -179,7 +179,7 @@ class KVStreamBackend(StoragePluginInterface):
         self._writer_ok = True
         self._close_lock = threading.Lock()
         try:
-            self._keys = KeyMapper(self.options.namespace)
+            self._keys = KeyMapper(self.options.namespace, tenant_salt=self.options.tenant_salt)
             self.metrics = PluginMetrics(model_name=metadata.model_name, worker_id=metadata.worker_id,
                                          role=metadata.role, served_model_name=metadata.served_model_name)
             self._lock = threading.Lock()  # guards _prefetch and _pins; never held across I/O
