@@ -335,7 +335,16 @@ def test_a_stalled_tier_is_hedged_taken_out_and_probed_back_in(disk_tmp):
         out = s.get_many(keys)
         st = s.stats()
         assert all(o is not None for o in out) and wrong_bytes(keys, out) == 0
-        assert st["tiers"]["local"]["read_chunks"] > 0 and st["tiers"]["local"]["circuit"] == "closed"
+        assert st["tiers"]["local"]["circuit"] == "closed"  # the probe succeeded
+        # Back in routing: local delivers again within a few steps. (Not necessarily in the probe step: its speed
+        # estimate still carries the stall, so the shared tier may steal and land its one or two chunks first.)
+        for _ in range(5):
+            if s.stats()["tiers"]["local"]["read_chunks"] > 0:
+                break
+            s.evict_memory()
+            out = s.get_many(keys)
+            assert all(o is not None for o in out) and wrong_bytes(keys, out) == 0
+        assert s.stats()["tiers"]["local"]["read_chunks"] > 0
     finally:
         engine.release_stalls()
         s.close()

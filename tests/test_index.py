@@ -103,3 +103,27 @@ def test_a_snapshot_that_cannot_be_read_now_is_never_replaced_by_the_new_logs_al
         monkeypatch.setattr(index_mod, "_read_fresh", real)
         again = TierIndex(tmp_path, node_id="n1", node_uid=UID, writable=False)
         assert b"a" * 16 in again and b"b" * 16 in again, type(err).__name__
+
+
+def test_a_peer_closing_between_our_listing_and_our_read_does_not_unlist_its_entries(tmp_path, monkeypatch):
+    """A peer's close renames its log ``.log`` -> ``.closed``; if that happens after our listing and before our
+    read, the load met a vanished file and must list again (the two-node suite saw a restarting node's chunks
+    unlisted on its peer: 0 of 16)."""
+    import kvstream.tiers.index as index_mod
+
+    a = TierIndex(tmp_path, node_id="a", node_uid="aaaaaaaaaaaaaaaa")
+    for i in range(16):
+        a.record(OP_PUT, i.to_bytes(16, "big"), 8192)
+    real = index_mod._read_fresh
+    renamed = []
+
+    def close_under_us(path, start=0):
+        if str(path).endswith(".log") and "aaaaaaaaaaaaaaaa" in str(path) and not renamed:
+            renamed.append(path)
+            a.close()  # the peer closes right now: its .log becomes .closed
+        return real(path, start)
+
+    monkeypatch.setattr(index_mod, "_read_fresh", close_under_us)
+    b = TierIndex(tmp_path, node_id="b", node_uid="bbbbbbbbbbbbbbbb")
+    assert renamed and len(b) == 16
+    b.close()

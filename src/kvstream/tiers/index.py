@@ -477,7 +477,19 @@ class TierIndex:
     def _load(self) -> None:
         """Rebuild the live set from every snapshot and every log no snapshot covers. Puts go first, then
         deletes: a delete names its put's gen, so the order in which nodes' logs are read does not matter.
-        Called with ``_lock`` held (or before the index is shared)."""
+        Called with ``_lock`` held (or before the index is shared).
+
+        A peer that closes (``.log`` renamed ``.closed``) or compacts (snapshot published, logs deleted) between
+        our listing and our reads would make a log or snapshot vanish under us, and its records with it: a peer's
+        chunks unlisted here until the next reload (the two-node suite saw 0 of a restarting node's 16 chunks).
+        So a load that meets a vanished file lists and loads again (a few times; then it keeps what it read)."""
+        for _ in range(5):
+            if self._load_once():
+                return
+
+    def _load_once(self) -> bool:
+        """One listing and load; False if a file listed was gone when read (see :meth:`_load`)."""
+        whole_view = True
         logs, snaps = self._listing()
         self._snap_seen = self._stamps(snaps)  # before reading: a change while we read shows next time
         self._live, self._gens, self._early, self._tails = {}, {}, {}, {}
@@ -486,7 +498,10 @@ class TierIndex:
         for name in snaps:
             try:
                 snap = _parse_snapshot(_read_fresh(self.folder / name), name)
-            except (ValueError, OSError):
+            except OSError as exc:
+                whole_view = whole_view and exc.errno not in (errno.ENOENT, errno.ESTALE)
+                continue
+            except ValueError:
                 continue  # a damaged snapshot only costs the entries it held (a cache, re-written later)
             owner = "" if name == _LEGACY_SNAPSHOT else name[: -len(SNAPSHOT_SUFFIX)]
             covered |= snap.covered
@@ -499,7 +514,8 @@ class TierIndex:
                 continue
             try:
                 data = _read_fresh(self.folder / name)
-            except OSError:
+            except OSError as exc:
+                whole_view = whole_view and exc.errno not in (errno.ENOENT, errno.ESTALE)
                 continue
             whole = len(data) // _REC_BYTES * _REC_BYTES
             got = list(_decode_log(data[:whole]))
@@ -518,6 +534,7 @@ class TierIndex:
             self._apply(rec, "")
         for rec, owner in dels:
             self._apply(rec, owner)
+        return whole_view
 
     def _compact(self) -> None:
         """Merge this node's closed logs into its own snapshot and delete them. Best effort (an optimisation):
