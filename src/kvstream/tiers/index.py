@@ -482,8 +482,12 @@ class TierIndex:
         A peer that closes (``.log`` renamed ``.closed``) or compacts (snapshot published, logs deleted) between
         our listing and our reads would make a log or snapshot vanish under us, and its records with it: a peer's
         chunks unlisted here until the next reload (the two-node suite saw 0 of a restarting node's 16 chunks).
-        So a load that meets a vanished file lists and loads again (a few times; then it keeps what it read)."""
-        for _ in range(5):
+        So a load that meets a vanished file lists and loads again, after a pause that doubles (GlusterFS's client
+        can list a deleted log, and miss the snapshot that replaced it, for up to about a second): at most ~1.6 s,
+        and only when a peer closes or compacts; then it keeps what it read."""
+        for pause in (0.0, 0.05, 0.1, 0.2, 0.4, 0.8):
+            if pause:
+                time.sleep(pause)
             if self._load_once():
                 return
 
