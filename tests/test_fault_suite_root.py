@@ -280,8 +280,11 @@ def test_eio_from_the_device_reads_the_other_replica_and_quarantines_nothing(dis
                 fs.restore_size()
             time.sleep(0.25)
             before = s.stats()["tiers"]["local"]["read_chunks"]
-            check_all(s, keys, size)
-            assert s.stats()["tiers"]["local"]["read_chunks"] > before  # probed back in
+            for _ in range(5):  # probed back in: local delivers again within a few steps (in the probe step
+                check_all(s, keys, size)  # itself its speed estimate may still lose its chunks to a steal)
+                if s.stats()["tiers"]["local"]["read_chunks"] > before:
+                    break
+            assert s.stats()["tiers"]["local"]["read_chunks"] > before
         assert not list((tier / "quarantine").iterdir())
         assert not verify_tier(tier).errors
 
