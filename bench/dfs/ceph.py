@@ -22,7 +22,7 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .netns import NODES, SRV_ADDR, in_ns, kill_pids, run, unmount
+from .netns import NODES, SRV_ADDR, in_ns, kill_pids, run, unmount_clients
 
 FS_NAME = "kvsdfs"
 _CONF = """[global]
@@ -133,14 +133,7 @@ class CephCluster:
         """Tear down in reverse, tolerant of a set-up that stopped half way: unmount the clients (ceph-fuse
         exits), kill the daemons (mds, osd, mgr, mon) by pid, remove the folder (the whole cluster)."""
         t0 = time.monotonic()
-        for node, mp in list(self.mounts.items()):
-            if os.path.ismount(mp):
-                unmount(str(mp))
-            try:
-                mp.rmdir()
-            except OSError:
-                pass
-            del self.mounts[node]
+        unmount_clients(self.mounts)
         for name in ("client.a", "client.b", "mds.a", "osd.0", "mgr.a", "mon.a"):
             f = self.work / "run" / f"{name}.pid"
             pids = [p for p in self.daemon_pids() if f.exists() and f.read_text().strip() == str(p)]

@@ -21,7 +21,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .netns import NODES, SRV_ADDR, in_ns, kill_pids, ns_path, run, unmount
+from .netns import NODES, SRV_ADDR, in_ns, kill_pids, ns_path, run, unmount_clients
 
 VOLUME = "kvsdfs"
 _VOLFILE = """volume management
@@ -81,14 +81,7 @@ class GlusterCluster:
         """Tear down in reverse, each step tolerant of a set-up that stopped half way: unmount the nodes'
         clients, stop and delete the volume, kill glusterd and the bricks by pid, remove the folder."""
         t0 = time.monotonic()
-        for node, mp in list(self.mounts.items()):
-            if os.path.ismount(mp):
-                unmount(str(mp))
-            try:
-                mp.rmdir()
-            except OSError:
-                pass
-            del self.mounts[node]
+        unmount_clients(self.mounts)
         if self.glusterd_pid is not None:
             if self.volume_started:
                 self.cli("volume", "stop", VOLUME, "force", check=False)

@@ -217,6 +217,19 @@ def unmount(mountpoint: str) -> None:
         run(["umount", "-l", mountpoint], check=False, timeout=30)
 
 
+def unmount_clients(mounts: dict) -> None:
+    """Unmount every node's client in ``mounts`` (node -> mount point), remove the mount points and empty the
+    dict; tolerant of mounts a half-finished set-up never made."""
+    for node, mp in list(mounts.items()):
+        if os.path.ismount(mp):
+            unmount(str(mp))
+        try:
+            mp.rmdir()
+        except OSError:
+            pass
+        del mounts[node]
+
+
 def destroy() -> None:
     """Delete our namespaces (their links go with them). Processes still in them are killed first."""
     for name in existing():
