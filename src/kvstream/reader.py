@@ -126,6 +126,7 @@ class _Call:
         # Files opened ahead of their claims, (tier, chunk) -> (fd, size): see Reader._open_ahead.
         self.opened: dict[tuple[int, int], tuple[int, int]] = {}
         self.opening_ahead = [False] * step.n_tiers  # an open-ahead task is queued or running for the tier
+        self.removal_seq = 0  # Store.removals.now() when the step began: see Reader._keep
 
 
 class Reader:
@@ -178,6 +179,8 @@ class Reader:
                         report_busy=on_target_free is not None, header_bytes=HEADER_BYTES,
                         bandwidth=[store.read_windows.bandwidth_estimate(t) for t in range(n_t)], compute=compute)
         call = _Call(step, list(keys), mode, targets, on_target_free, metas)
+        with store._lock:
+            call.removal_seq = store.removals.now()
         if hedge:
             self._count_stragglers(hedge)
         try:
@@ -560,20 +563,29 @@ class Reader:
             assert tag.buf is not None
             target.view(0, n)[:] = tag.buf.view(HEADER_BYTES, HEADER_BYTES + n)
             store._c["read_into_copied"] += 1
-            self._keep(tag, header, call.metas[tag.j] if call.metas else None)
+            self._keep(call, tag, header)
             return ReadOutcome(tag.j, "delivered", tier.name, header)
-        payload = self._keep(tag, header, call.metas[tag.j] if call.metas else None, want_view=True)
+        payload = self._keep(call, tag, header, want_view=True)
         return ReadOutcome(tag.j, "delivered", tier.name, header, payload)
 
-    def _keep(self, tag: _Tag, header: ChunkHeader, meta: AccessMeta | None, *,
-              want_view: bool = False) -> memoryview | None:
+    def _keep(self, call: _Call, tag: _Tag, header: ChunkHeader, *, want_view: bool = False) -> memoryview | None:
         """A delivered read's buffer: cached in host memory if pooled (the view, made under the memory lock,
-        pins it), else handed over as a view (an overflow buffer lives as long as its view)."""
+        pins it), else handed over as a view (an overflow buffer lives as long as its view).
+
+        A key removed since the step began is not cached: the caller still gets the bytes (the read
+        linearises before the remove), but the entry leaves host memory at once, its buffer pinned only by the
+        view (:mod:`kvstream.removals`)."""
         buf, pooled = tag.buf, tag.pooled
         tag.buf = None
         assert buf is not None
         if pooled:
-            _, view = self.store.memory.insert_pinned(MemEntry(key=tag.key, buf=buf, header=header), meta=meta)
+            store = self.store
+            meta = call.metas[tag.j] if call.metas else None
+            entry = MemEntry(key=tag.key, buf=buf, header=header)
+            with store._lock:  # orders the check with Store.remove (which records, then discards, under it)
+                cached, view = store.memory.insert_pinned(entry, meta=meta)
+                if cached is entry and store.removals.removed_since(tag.key, call.removal_seq):
+                    store.memory.discard(tag.key)
             if not want_view:
                 view.release()
                 return None

@@ -50,6 +50,7 @@ from kvstream.io.engine import IOEngine, make_engine
 from kvstream.replica_debt import CatchUp, OwedReplicas
 from kvstream.replication import CopyOrder, ReadObservation, parse_replication
 from kvstream.read_windows import make_read_windows
+from kvstream.removals import Removals
 from kvstream.routing import parse_router
 from kvstream.read_step import ComputePlan, ReadStep
 from kvstream.reader import Reader
@@ -170,6 +171,7 @@ class Store:
         self._lock = threading.RLock()
         self.put_wait_s = 1.0  # longest a put waits for host memory held by unwritten chunks before dropping
         self._closed = False
+        self.removals = Removals()  # guarded by _lock: a read that raced a remove must not cache its chunk
         self._c: dict[str, float] = {
             "puts": 0, "put_bytes": 0, "put_file_bytes": 0, "puts_duplicate": 0, "puts_dropped_no_memory": 0,
             "get_chunks": 0, "memory_hits": 0, "disk_hits": 0, "misses": 0, "lost_chunks": 0,
@@ -604,6 +606,7 @@ class Store:
         (``MemEntry.removed``), so a removed key never reappears after :meth:`drain`."""
         self._check_open()
         with self._lock:
+            self.removals.record(key)
             entry = self.memory.peek(key)
             found = entry is not None
             if entry is not None:
@@ -613,6 +616,8 @@ class Store:
             self._metas.pop(key, None)
             for e in cancelled:
                 self.memory.mark_clean(e)  # the put's own dirty mark, never taken by flush()
+            for t in self.tiers:
+                self.owed.paid(t.name, key)  # nothing is owed for a removed chunk (catch-up must not copy it)
         for t in self.tiers:
             if t.contains(key):
                 found = True
