@@ -542,10 +542,10 @@ def run_preset(args: argparse.Namespace, preset: str, shared: Path | None) -> di
                 for s in order:
                     if s.name != "kvstream-1":
                         continue
-                    st0 = s.sm.storage_backends[s.location].store.stats()
+                    st0 = s.sm.storage_backends[s.location].store.stats().as_dict()
                     cold(systems, all_keys)
                     brk["store"].append(run_store_only(s, reqs, verify=True))
-                    st1 = s.sm.storage_backends[s.location].store.stats()
+                    st1 = s.sm.storage_backends[s.location].store.stats().as_dict()
                     cold(systems, all_keys)
                     brk["store-noverify"].append(run_store_only(s, reqs, verify=False))
                     brk["verify_cpu_s"].append(st1["verify_seconds"] - st0["verify_seconds"])
@@ -581,7 +581,7 @@ def run_preset(args: argparse.Namespace, preset: str, shared: Path | None) -> di
             }
         for s in systems:
             if s.kind == "kvstream":
-                st = s.sm.storage_backends[s.location].store.stats()
+                st = s.sm.storage_backends[s.location].store.stats().as_dict()
                 result.setdefault("kvstream_tier_reads", {})[s.name] = {
                     t: {"read_chunks": v["read_chunks"], "duplicate_chunks": v["duplicate_chunks"]}
                     for t, v in st["tiers"].items()}

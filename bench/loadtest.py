@@ -170,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         while True:
             now = time.monotonic() - t_start
-            st = store.stats()
+            st = store.stats().as_dict()
             s = {"t": now, "rss": rss_bytes(), "fds": open_fds(), "threads": threading.active_count(),
                  "mem": st["memory"]["used_bytes"], "disk_hits": st["disk_hits"], "misses": st["misses"],
                  "corrupt": sum(t["corrupt_chunks"] for t in st["tiers"].values()),

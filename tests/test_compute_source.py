@@ -353,6 +353,9 @@ def test_gpu_share_backs_off_under_a_full_batch():
     assert gpu_share(0, 256, blocking=False) == 1.0
     assert gpu_share(128, 256, blocking=False) == 0.5
     assert gpu_share(256, 256, blocking=False) == 0.0
+    assert gpu_share(0, 256, blocking=False, busy=0.75) == 0.25  # the GPU's recent idle share
+    assert gpu_share(0, 256, blocking=False, busy=1.0) == 0.0  # steps back to back: no room for recompute
+    assert gpu_share(0, 256, blocking=True, busy=1.0) == 1.0
 
 
 def test_skip_recomputes_a_whole_item_only_when_reading_it_is_slower():

@@ -87,6 +87,6 @@ def test_open_fails_naming_a_field_or_everything_works(data):
             targets = [bytearray(CHUNK) for _ in keys]
             for i, res in store.read_into(keys, targets):
                 assert not res.ok or bytes(targets[i]) == payloads[i]
-            assert math.isfinite(store.stats()["tiers"]["local"].get("used_bytes", 0))
+            assert math.isfinite(store.stats().tiers["local"].used_bytes)
     finally:
         shutil.rmtree(root, ignore_errors=True)

@@ -194,5 +194,5 @@ def test_every_query_names_a_metric_the_plugin_exports(disk_tmp: Path) -> None:
     dash_names = {n for where, q in dashboard_queries() for n in _names(where, q)}
     for wanted in ("capacity_bytes", "used_bytes", "chunks", "num_evicted_chunks_total", "num_hit_chunks_total",
                    "num_miss_chunks_total", "time_to_chunk_bucket", "time_to_get_bucket", "time_to_put_bucket",
-                   "num_written_bytes_total", "tier_circuit_open"):
+                   "num_written_bytes_total", "tier_circuit_open", "time_to_write_bucket"):
         assert PREFIX + wanted in dash_names, f"no dashboard panel shows {PREFIX + wanted}"

@@ -90,11 +90,11 @@ def test_a_full_file_system_evicts_retries_and_never_blocks_the_serving_path(dis
         with kvstream.open_store(cfg) as s:
             worst = write(s, keys, size)
             assert s.drain(60)
-            st = s.stats()["tiers"]
+            st = s.stats().tiers
             local = st["local"]
-            assert local["write_retried_nospace"] >= 1 and local["evicted_chunks"] >= 1
-            assert local["chunks"] + local["evicted_chunks"] + local["write_skipped_full"] >= len(keys)
-            assert st["shared"]["write_chunks"] == len(keys)
+            assert local.write_retried_nospace >= 1 and local.evicted_chunks >= 1
+            assert local.chunks + local.evicted_chunks + local.write_skipped_full >= len(keys)
+            assert st["shared"].write_chunks == len(keys)
             assert worst < 1.0, f"a put+flush took {worst:.2f} s"
             check_all(s, keys, size)
         assert not list((fs.mountpoint / "tier" / "tmp").iterdir())
@@ -145,19 +145,19 @@ def test_a_tier_turned_read_only_skips_copies_keeps_serving_and_recovers(disk_tm
             fs.freeze_readonly(fs.mountpoint / "tier")
             worst = write(s, keys[8:16], size)
             assert s.drain(10) and worst < 1.0
-            st = s.stats()["tiers"]
-            assert st["local"]["write_errors"] >= 1 and st["local"]["circuit_opened"] >= 1
-            assert st["local"]["write_errors"] + st["local"]["write_skipped_unhealthy"] == 8
-            assert st["shared"]["write_chunks"] == 16
+            st = s.stats().tiers
+            assert st["local"].write_errors >= 1 and st["local"].circuit_opened >= 1
+            assert st["local"].write_errors + st["local"].write_skipped_unhealthy == 8
+            assert st["shared"].write_chunks == 16
             check_all(s, keys[:16], size)
             with pytest.raises(ConfigError, match=r"tiers\[0\]\.path.*not writable: Read-only file system"):
                 kvstream.open_store(cfg)
             fs.thaw(fs.mountpoint / "tier")
             time.sleep(0.25)  # breaker cool-down: the next write probes the tier
-            before = s.stats()["tiers"]["local"]["write_chunks"]
+            before = s.stats().tiers["local"].write_chunks
             write(s, keys[16:], size)
             assert s.drain(10)
-            assert s.stats()["tiers"]["local"]["write_chunks"] > before
+            assert s.stats().tiers["local"].write_chunks > before
         assert not verify_tier(fs.mountpoint / "tier").errors
 
 
@@ -178,13 +178,13 @@ def test_an_unmounted_tier_is_a_tier_failure_and_nothing_on_it_is_lost(disk_tmp)
             check_all(s, keys[:8], size)
             worst = write(s, keys[8:], size)
             assert s.drain(10) and worst < 1.0
-            local = s.stats()["tiers"]["local"]
-            assert local["read_errors"] >= 1 and local["circuit_opened"] >= 1
-            assert local["chunks"] == 8 and local["missing_files"] == 0  # not forgotten: the files are fine
+            local = s.stats().tiers["local"]
+            assert local.read_errors >= 1 and local.circuit_opened >= 1
+            assert local.chunks == 8 and local.missing_files == 0  # not forgotten: the files are fine
         fs.mount()
         with kvstream.open_store({**cfg, "router": "single:local"}) as s:
             check_all(s, keys[:8], size)
-            assert s.stats()["tiers"]["local"]["read_chunks"] == 8
+            assert s.stats().tiers["local"].read_chunks == 8
         assert not verify_tier(tier).errors
 
 
@@ -213,8 +213,8 @@ def test_a_file_system_that_dies_under_a_tier_serves_from_the_other_owes_its_cop
         check_all(s, keys[:8], size)
         worst = write(s, keys[8:], size)
         assert s.drain(10) and worst < 1.0
-        st = s.stats()["tiers"]["shared"]
-        assert st["write_errors"] + st["write_skipped_unhealthy"] == 4 and st["replicas_owed"] == 4
+        st = s.stats().tiers["shared"]
+        assert st.write_errors + st.write_skipped_unhealthy == 4 and st.replicas_owed == 4
         report = s.close(timeout=5)
         assert report.drained and not report.stuck_tiers  # nothing hangs on a dead file system
         with pytest.raises(ConfigError, match=r"tiers\[1\]\.path.*Input/output error"):
@@ -273,18 +273,18 @@ def test_eio_from_the_device_reads_the_other_replica_and_quarantines_nothing(dis
             fs.shrink(cut)  # every chunk's data is now past the end of the device
             try:
                 check_all(s, keys, size)
-                local = s.stats()["tiers"]["local"]
-                assert local["read_errors"] >= 1 and local["circuit_opened"] >= 1
-                assert local["corrupt_chunks"] == 0 and local["chunks"] == 12  # EIO is not corruption
+                local = s.stats().tiers["local"]
+                assert local.read_errors >= 1 and local.circuit_opened >= 1
+                assert local.corrupt_chunks == 0 and local.chunks == 12  # EIO is not corruption
             finally:
                 fs.restore_size()
             time.sleep(0.25)
-            before = s.stats()["tiers"]["local"]["read_chunks"]
-            for _ in range(5):  # probed back in: local delivers again within a few steps (in the probe step
-                check_all(s, keys, size)  # itself its speed estimate may still lose its chunks to a steal)
-                if s.stats()["tiers"]["local"]["read_chunks"] > before:
-                    break
-            assert s.stats()["tiers"]["local"]["read_chunks"] > before
+            before = s.stats().tiers["local"].read_chunks
+            # Probed back in with its full window (the probe forgets the speed measured while it failed), and the
+            # step after the probe reads from it for certain (closing the breaker forgot that estimate too).
+            check_all(s, keys, size)
+            check_all(s, keys, size)
+            assert s.stats().tiers["local"].read_chunks > before
         assert not list((tier / "quarantine").iterdir())
         assert not verify_tier(tier).errors
 
@@ -316,8 +316,8 @@ def test_a_throttled_device_is_hedged_and_taken_out_of_routing(disk_tmp):
                 st = s.stats()
             assert max(steps) < bound / 3, (steps, bound)
             # its reads were taken over (hedged, or stolen by the other tier) and the tier is out of routing
-            assert st["tiers"]["shared"]["read_chunks"] >= len(steps) * len(keys) - 3
-            assert st["tiers"]["local"]["circuit"] == "open"
+            assert st.tiers["shared"].read_chunks >= len(steps) * len(keys) - 3
+            assert st.tiers["local"].circuit == "open"
 
 
 # ── device-mapper faults (where the kernel has device-mapper) ──────────────────────────────────────────────
@@ -337,8 +337,8 @@ def test_dm_eio_under_a_mounted_tier(disk_tmp, target):
             fs.dm_table(fs.table("error") if target == "error" else fs.table("flakey", 0, 60))
             try:
                 check_all(s, keys, size)
-                local = s.stats()["tiers"]["local"]
-                assert local["read_errors"] >= 1 and local["corrupt_chunks"] == 0 and local["chunks"] == 12
+                local = s.stats().tiers["local"]
+                assert local.read_errors >= 1 and local.corrupt_chunks == 0 and local.chunks == 12
             finally:
                 fs.dm_table(fs.table("linear"))
 
@@ -356,7 +356,7 @@ def test_dm_delay_stall_is_hedged(disk_tmp):
             try:
                 t0 = time.monotonic()
                 check_all(s, keys, size)
-                assert time.monotonic() - t0 < 1.5 and s.stats()["hedged_reads"] >= 1
+                assert time.monotonic() - t0 < 1.5 and s.stats().hedged_reads >= 1
             finally:
                 fs.dm_table(fs.table("linear"))
 
@@ -373,7 +373,7 @@ with kvstream.open_store(cfg) as s:
         s.put(i.to_bytes(16, "little"), np.full(1 << 20, i % 251, np.uint8))
         s.flush()
     s.drain(30)
-    print(json.dumps(s.stats()["tiers"]["q"]))
+    print(json.dumps(s.stats().tiers["q"].as_dict()))
 """
 
 
@@ -403,5 +403,5 @@ def test_edquot_for_a_writer_over_its_quota(disk_tmp):
                            env={**os.environ, "PYTHONPATH": str(REPO / "src")})
         assert r.returncode == 0, r.stderr[-2000:]
         st = json.loads(r.stdout.strip().splitlines()[-1])
-        assert st["write_retried_nospace"] >= 1 and st["evicted_chunks"] >= 1
+        assert st.write_retried_nospace >= 1 and st.evicted_chunks >= 1
         assert not verify_tier(tier).errors

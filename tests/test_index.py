@@ -17,8 +17,45 @@ def test_survives_reopen_and_compacts_closed_logs(tmp_path):
     again = TierIndex(tmp_path, node_id="n1")
     assert len(again) == 99 and again.get((7).to_bytes(16, "big")) == 8199 and (5).to_bytes(16, "big") not in again
     assert again.compacted_logs == 1 and (tmp_path / f"{again.uid}.snapshot.idx").exists()
-    assert not [n for n in os.listdir(tmp_path) if n.endswith(".closed")]
+    # The merged log is kept (a peer may not see the new snapshot yet) and named by the snapshot as covered.
+    kept = [n for n in os.listdir(tmp_path) if n.endswith(".closed")]
+    assert len(kept) == 1 and again.deleted_covered_logs == 0
     again.close()
+    # A later open deletes it once the snapshot covering it is past the grace (here: no grace).
+    third = TierIndex(tmp_path, node_id="n1", covered_grace_s=0.0)
+    assert len(third) == 99 and third.deleted_covered_logs == 1 and not (tmp_path / kept[0]).exists()
+    third.close()
+
+
+def test_a_covered_log_is_kept_while_its_snapshot_is_younger_than_the_grace(tmp_path):
+    """Two quick restarts: the second compaction must not delete the log the first one covered (its snapshot is
+    seconds old: a peer may still list neither), and still names it, so no reader counts it twice."""
+    import kvstream.tiers.index as index_mod
+
+    uid = "0123456789abcdef"
+    for i in range(3):
+        idx = TierIndex(tmp_path, node_id="n1", node_uid=uid)
+        idx.record(OP_PUT, bytes([i]) * 16, 8192)
+        idx.close()
+    idx = TierIndex(tmp_path, node_id="n1", node_uid=uid)
+    closed = sorted(n for n in os.listdir(tmp_path) if n.endswith(".closed"))
+    assert len(closed) == 3 and idx.deleted_covered_logs == 0  # all kept: every snapshot was young
+    snap = index_mod._parse_snapshot((tmp_path / f"{uid}.snapshot.idx").read_bytes(), "snap")
+    assert set(closed) <= snap.covered and len(idx) == 3
+    idx.close()
+    old = time.time() - 3600  # the snapshot is an hour old now: its covered logs go at the next open
+    os.utime(tmp_path / f"{uid}.snapshot.idx", (old, old))
+    idx = TierIndex(tmp_path, node_id="n1", node_uid=uid)
+    left = sorted(n for n in os.listdir(tmp_path) if n.endswith(".closed"))
+    assert idx.deleted_covered_logs == 3 and not left and len(idx) == 3
+    snap = index_mod._parse_snapshot((tmp_path / f"{uid}.snapshot.idx").read_bytes(), "snap")
+    assert set(closed) <= snap.covered  # the deleted ones stay named: a peer may still list them for a while
+    idx.record(OP_PUT, b"x" * 16, 8192)
+    idx.close()
+    idx = TierIndex(tmp_path, node_id="n1", node_uid=uid)  # the next snapshot written drops their names
+    snap = index_mod._parse_snapshot((tmp_path / f"{uid}.snapshot.idx").read_bytes(), "snap")
+    assert not set(closed) & snap.covered and len(snap.covered) == 1 and len(idx) == 4
+    idx.close()
 
 
 def test_torn_last_record_is_ignored(tmp_path):

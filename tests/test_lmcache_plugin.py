@@ -36,7 +36,7 @@ from prometheus_client import REGISTRY
 from kvstream.errors import ConfigError
 from kvstream.integrations._lmcache_config import parse_extra_config
 from kvstream.integrations._lmcache_keys import KeyMapper
-from kvstream.integrations.lmcache import KVStreamBackend
+from kvstream.integrations.lmcache import KVStreamBackend, StrictStartError
 
 pytestmark = [pytest.mark.lmcache, pytest.mark.timeout(120)]
 
@@ -181,7 +181,7 @@ def test_cache_survives_restart_and_lmcache_disk_tier_does_not(disk_tmp):
         # read from the tier files, not from any memory
         assert _metric("lmcache:kvstream_num_hit_chunks_total", tier="memory") == hits_before
         stats = _plugin(sm).store.stats()
-        assert stats["disk_hits"] == len(keys)
+        assert stats.disk_hits == len(keys)
 
 
 class _ReadGate:
@@ -256,8 +256,8 @@ def test_read_is_one_multi_tier_batch(disk_tmp):
         _wait_stored(sm, keys)
     with manager(extra) as sm:
         plugin = _plugin(sm)
-        tiers = plugin.store.stats()["tiers"]
-        assert tiers["local"]["chunks"] == tiers["shared"]["chunks"] == len(keys), tiers  # full replication
+        tiers = plugin.store.stats().tiers
+        assert tiers["local"].chunks == tiers["shared"].chunks == len(keys), tiers  # full replication
         calls = []
         assert plugin._zero_copy  # the store offers get_meta + read_into: payloads land in LMCache's objects
         real = plugin.store.read_into
@@ -267,7 +267,7 @@ def test_read_is_one_multi_tier_batch(disk_tmp):
         assert all(m is not None for m in plugin.store.get_meta(plugin._keys.many(keys)))
         gate = _ReadGate(plugin.store, first="shared", hold="local")
         before = plugin.store.stats()
-        steps, hits = before["read_steps"], before["disk_hits"]
+        steps, hits = before.read_steps, before.disk_hits
         got = sm.batched_get(keys, location=PLUGIN)
         try:
             assert calls == [len(keys)]  # the plugin hands the store the whole batch at once
@@ -275,13 +275,13 @@ def test_read_is_one_multi_tier_batch(disk_tmp):
         finally:
             _release(got)
         st = plugin.store.stats()
-        assert st["read_steps"] == steps + 1  # ... which the store reads as one step
+        assert st.read_steps == steps + 1  # ... which the store reads as one step
         assert gate.submitted.get("local", 0) > 0 and gate.submitted.get("shared", 0) > 0, gate.submitted
-        tiers = st["tiers"]
-        assert tiers["local"]["read_chunks"] > 0 and tiers["shared"]["read_chunks"] > 0, tiers
-        assert st["disk_hits"] == hits + len(keys)  # one copy of each chunk used, whichever tier it came from
+        tiers = st.tiers
+        assert tiers["local"].read_chunks > 0 and tiers["shared"].read_chunks > 0, tiers
+        assert st.disk_hits == hits + len(keys)  # one copy of each chunk used, whichever tier it came from
         # the fast tier's chunks were read straight into their LMCache objects, the other tier's copied in
-        assert st["read_into_direct"] > 0 and st["read_into_direct"] + st["read_into_copied"] == len(keys)
+        assert st.read_into_direct > 0 and st.read_into_direct + st.read_into_copied == len(keys)
 
 
 # -- async lookup and prefetch --------------------------------------------------------------------------------
@@ -419,7 +419,7 @@ def test_damaged_replica_is_read_from_the_other_tier(disk_tmp):
             assert all(o is not None and torch.equal(o.tensor, r) for o, r in zip(got, refs))
         finally:
             _release(got)
-        assert _plugin(sm).store.stats()["tiers"]["local"]["corrupt_chunks"] >= 1
+        assert _plugin(sm).store.stats().tiers["local"].corrupt_chunks >= 1
 
 
 @pytest.mark.parametrize("zero_copy", [True, False], ids=["read_into", "copy"])
@@ -445,8 +445,8 @@ def test_both_read_paths_return_exact_chunks_and_miss_a_corrupt_one(disk_tmp, ze
         finally:
             _release(got)
         st = plugin.store.stats()
-        assert st["read_into_direct"] == (4 if zero_copy else 0)  # 0-2 and 4 (4 is dropped after the gap)
-        assert st["tiers"]["local"]["corrupt_chunks"] == 1
+        assert st.read_into_direct == (4 if zero_copy else 0)  # 0-2 and 4 (4 is dropped after the gap)
+        assert st.tiers["local"].corrupt_chunks == 1
         got = sm.batched_get(keys[:2] + [_chunks(sm, CHUNK, seed=9)[0][0][2]], location=PLUGIN)
         try:
             assert [o is not None for o in got] == [True, True, False]
@@ -582,6 +582,117 @@ def test_misconfigured_plugin_fails_naming_the_key(disk_tmp):
     assert any("kvstream.replication" in r and PLUGIN in r for r in records), records
 
 
+def _loop_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name == "storage-manager-event-loop"]
+
+
+@pytest.mark.parametrize("fault", ["bad_key", "dead_tier"])
+def test_strict_stops_lmcache_start_and_default_serves_without_kvstream(disk_tmp, fault):
+    """kvstream.strict: a store that cannot open (a bad key, a tier folder that cannot exist) stops LMCache's start
+    instead of leaving it to serve without kvstream; without it LMCache starts without the plugin, as before."""
+    if fault == "bad_key":
+        extra = {**_tiers(disk_tmp), "kvstream.replication": "twice"}
+        key = "kvstream.replication"
+    else:  # the tier's folder would be under a regular file: a file system that cannot hold it
+        (disk_tmp / "not-a-dir").write_text("x")
+        extra = {**_tiers(disk_tmp), "kvstream.tiers": f"local={disk_tmp / 'not-a-dir' / 'kv'}"}
+        key = "kvstream.tiers"
+    for off in ({}, {"kvstream.strict": False}, {"kvstream.strict": "false"}):
+        with manager({**extra, **off}) as sm:  # the default: LMCache serves, without kvstream
+            assert PLUGIN not in sm.storage_backends
+            assert "LocalCPUBackend" in sm.storage_backends
+    before = set(_loop_threads())
+    cfg = _config({**extra, "kvstream.strict": "true"})
+    PinMonitor.GetOrCreate(cfg)
+    with pytest.raises(StrictStartError, match=key) as info:
+        StorageManager(cfg, _metadata(), EventManager())
+    assert isinstance(info.value.__cause__, ConfigError) and key in str(info.value.__cause__)
+    assert not isinstance(info.value, Exception)  # LMCache's `except Exception` must not swallow it
+    # the half-built manager's event loop is stopped: its (non-daemon) thread would keep the process alive
+    deadline = time.monotonic() + 5
+    while set(_loop_threads()) - before:
+        assert time.monotonic() < deadline, "LMCache's event loop thread still runs after a strict failure"
+        time.sleep(0.02)
+
+
+def test_strict_with_a_good_config_serves_and_an_unreadable_value_is_strict(disk_tmp):
+    with manager({**_tiers(disk_tmp), "kvstream.strict": True}) as sm:
+        plugin = _plugin(sm)
+        assert plugin.options.strict is True
+        infos, refs = _chunks(sm, 2 * CHUNK, seed=5)
+        keys = [k for _, _, k in infos]
+        _put(sm, infos, refs)
+        _wait_stored(sm, keys)
+        got = sm.batched_get(keys, location=PLUGIN)
+        try:
+            assert all(o is not None and torch.equal(o.tensor, r) for o, r in zip(got, refs))
+        finally:
+            _release(got)
+    with manager(_tiers(disk_tmp)) as sm:
+        assert _plugin(sm).options.strict is False
+    # a value we cannot read was still written by someone who cared: refuse to start rather than guess "off"
+    cfg = _config({**_tiers(disk_tmp), "kvstream.strict": "maybe"})
+    PinMonitor.GetOrCreate(cfg)
+    with pytest.raises(StrictStartError, match=r"kvstream\.strict"):
+        StorageManager(cfg, _metadata(), EventManager())
+
+
+_LOG_CHILD = r"""
+import os, sys, torch
+from pathlib import Path
+from lmcache.v1.config import LMCacheEngineConfig
+from lmcache.v1.event_manager import EventManager
+from lmcache.v1.metadata import LMCacheMetadata
+from lmcache.v1.pin_monitor import PinMonitor
+from lmcache.v1.storage_backend.storage_manager import StorageManager
+
+root = Path(sys.argv[1])
+meta = LMCacheMetadata(model_name="m", world_size=1, local_world_size=1, worker_id=0, local_worker_id=0,
+                       kv_dtype=torch.bfloat16, kv_shape=(2, 2, 256, 2, 64))
+plugin = {"storage_plugin.kvstream.module_path": "kvstream.integrations.lmcache",
+          "storage_plugin.kvstream.class_name": "KVStreamBackend", "kvstream.capacity_bytes": "64MiB",
+          "kvstream.memory_bytes": "8MiB"}
+for tiers in (f"local={root / 'file' / 'kv'}", f"local={root / 'local'}"):
+    cfg = LMCacheEngineConfig.from_defaults(chunk_size=256, local_cpu=False, max_local_cpu_size=0.06,
+                                            storage_plugins=["kvstream"],
+                                            extra_config={**plugin, "kvstream.tiers": tiers})
+    PinMonitor.GetOrCreate(cfg)
+    sm = StorageManager(cfg, meta, EventManager())
+    print("PLUGIN", "kvstream" in sm.storage_backends, flush=True)
+    sm.close()
+"""
+
+
+def test_plugin_warnings_are_in_lmcache_log_format(disk_tmp):
+    """What an operator sees on stderr: the plugin's own warnings and the store's (a tier folder made by another
+    format) come out in LMCache's log format, level and source named, not as bare text."""
+    import re
+    import subprocess
+    import sys
+
+    (disk_tmp / "file").write_text("x")  # the first start's tier folder cannot exist under it
+    (disk_tmp / "local").mkdir()
+    (disk_tmp / "local" / "KVSTREAM_TIER").write_text("some other format\n")  # the second start warns about it
+    env = {**os.environ, "LMCACHE_TRACK_USAGE": "false", "DO_NOT_TRACK": "1", "HF_HUB_OFFLINE": "1",
+           "LMCACHE_LOG_LEVEL": "INFO"}
+    env.pop("PYTHONWARNINGS", None)
+    r = subprocess.run([sys.executable, "-c", _LOG_CHILD, str(disk_tmp)], env=env, capture_output=True, text=True,
+                       timeout=100)
+    assert r.returncode == 0, r.stderr[-4000:]
+    assert r.stdout.split() == ["PLUGIN", "False", "PLUGIN", "True"], r.stdout
+    err = r.stderr
+    ansi = r"(?:\x1b\[[0-9;]*m)*"
+    head = r"\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+\] LMCache WARNING:" + ansi + " "
+    ours = re.search(head + r"kvstream: could not start: .*kvstream\.tiers.*LMCache serves WITHOUT kvstream.* "
+                     + ansi + r"\(lmcache\.py:\d+:kvstream\.lmcache\)", err)
+    assert ours, err[-4000:]
+    store = re.search(head + r"tier local: .*KVSTREAM_TIER says 'some other format'.* " + ansi
+                      + r"\(files\.py:\d+:kvstream\.tier\)", err)
+    assert store, err[-4000:]
+    # nothing of ours printed bare (Python's last-resort handler writes just the message at a line's start)
+    assert not re.search(r"(?m)^(tier local|kvstream):", err), err[-4000:]
+
+
 def test_env_var_form_and_lmcache_yaml_load_the_plugin(disk_tmp, monkeypatch):
     extra = {f"storage_plugin.{PLUGIN}.module_path": "kvstream.integrations.lmcache",
              f"storage_plugin.{PLUGIN}.class_name": "KVStreamBackend", **_tiers(disk_tmp)}
@@ -633,6 +744,10 @@ def test_per_tier_metrics_in_lmcache_style(disk_tmp):
     assert _metric("lmcache:kvstream_time_to_chunk_count", tier="local") > 0
     assert _metric("lmcache:kvstream_num_written_bytes_total", tier="shared") > 0
     assert _metric("lmcache:kvstream_time_to_get_count", path="sync") > 0
+    # per-tier write latency: one observation per published copy (6 chunks, full replication)
+    for t in ("local", "shared"):
+        assert _metric("lmcache:kvstream_time_to_write_count", tier=t, **labels) >= 6
+        assert 0 < _metric("lmcache:kvstream_time_to_write_sum", tier=t, **labels) < 60
 
 
 def _scrape(model: str) -> dict[str, list[tuple[dict[str, str], float]]]:
@@ -685,7 +800,7 @@ def test_scraped_metrics_show_capacity_usage_evictions_hits_misses_and_latencies
         deadline = time.monotonic() + 5.0
         while True:
             live = _scrape(model)
-            if (_value(live, prefix + "chunks", tier="local") == st["tiers"]["local"]["chunks"]
+            if (_value(live, prefix + "chunks", tier="local") == st.tiers["local"].chunks
                     and _value(live, prefix + "num_evicted_chunks_total", tier="local")):
                 break
             assert time.monotonic() < deadline, {k: v for k, v in live.items() if "chunks" in k}
@@ -695,18 +810,18 @@ def test_scraped_metrics_show_capacity_usage_evictions_hits_misses_and_latencies
         assert _value(live, prefix + "capacity_bytes", tier="memory") == 16 << 20
     st = plugin.store.stats()  # final: close() published these too
     scrape = _scrape(model)
-    tiers = st["tiers"]
-    assert tiers["local"]["evicted_chunks"] >= 3 and tiers["shared"]["evicted_chunks"] == 0
+    tiers = st.tiers
+    assert tiers["local"].evicted_chunks >= 3 and tiers["shared"].evicted_chunks == 0
     for tier in ("local", "shared"):
         t = tiers[tier]
-        assert _value(scrape, prefix + "used_bytes", tier=tier) == t["used_bytes"]
-        assert _value(scrape, prefix + "chunks", tier=tier) == t["chunks"]
-        assert _value(scrape, prefix + "num_evicted_chunks_total", tier=tier) == t["evicted_chunks"]
-        assert _value(scrape, prefix + "num_evicted_bytes_total", tier=tier) == t["evicted_bytes"]
-        assert _value(scrape, prefix + "num_written_chunks_total", tier=tier) == t["write_chunks"] == 6
+        assert _value(scrape, prefix + "used_bytes", tier=tier) == t.used_bytes
+        assert _value(scrape, prefix + "chunks", tier=tier) == t.chunks
+        assert _value(scrape, prefix + "num_evicted_chunks_total", tier=tier) == t.evicted_chunks
+        assert _value(scrape, prefix + "num_evicted_bytes_total", tier=tier) == t.evicted_bytes
+        assert _value(scrape, prefix + "num_written_chunks_total", tier=tier) == t.write_chunks == 6
         assert _value(scrape, prefix + "tier_circuit_open", tier=tier) == 0
-    assert tiers["local"]["used_bytes"] <= 2 << 20 and tiers["local"]["chunks"] == 3
-    assert _value(scrape, prefix + "used_bytes", tier="memory") == st["memory"]["used_bytes"]
+    assert tiers["local"].used_bytes <= 2 << 20 and tiers["local"].chunks == 3
+    assert _value(scrape, prefix + "used_bytes", tier="memory") == st.memory.used_bytes
     # reads: every chunk a hit (by the tier that served it), two misses, one sync batch read each
     assert _value(scrape, prefix + "num_hit_chunks_total") == len(keys)
     assert _value(scrape, prefix + "num_read_bytes_total") == sum(r.numel() * r.element_size() for r in refs)

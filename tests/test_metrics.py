@@ -27,6 +27,12 @@ def test_metrics_follow_reads_and_writes(disk_tmp):
     assert 'kvstream_disk_hits_total{model="m"} 4.0' in text
     assert 'kvstream_misses_total{model="m"} 1.0' in text
     assert 'kvstream_write_amplification{model="m"} 2.0' in text
+    # per-tier write latency (hand-over to publish), like the read latency: a finite number of seconds
+    for tier in ("local", "shared"):
+        for q in ("p50", "p99"):
+            line = next(ln for ln in text.splitlines()
+                        if ln.startswith(f'kvstream_tier_write_latency_{q}_seconds{{model="m",tier="{tier}"}}'))
+            assert 0 < float(line.rsplit(" ", 1)[1]) < 10, line
 
 
 def _samples(reg: CollectorRegistry) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -53,20 +59,20 @@ def test_capacity_usage_and_evictions_per_tier(disk_tmp):
         st = s.stats()
         got = _samples(reg)
     for tier in ("local", "shared"):
-        t = st["tiers"][tier]
+        t = st.tiers[tier]
         lab = (("tier", tier),)
-        assert got[("kvstream_tier_capacity_bytes", lab)] == t["capacity_bytes"]
-        assert got[("kvstream_tier_used_bytes", lab)] == t["used_bytes"]
-        assert got[("kvstream_tier_chunks", lab)] == t["chunks"]
-        assert got[("kvstream_tier_evicted_chunks_total", lab)] == t["evicted_chunks"]
-        assert got[("kvstream_tier_evicted_bytes_total", lab)] == t["evicted_bytes"]
-    assert st["tiers"]["local"]["capacity_bytes"] == 64 << 10
-    assert 0 < st["tiers"]["local"]["used_bytes"] <= 64 << 10 and st["tiers"]["local"]["evicted_chunks"] >= 16
-    assert st["tiers"]["shared"]["chunks"] == 24 and st["tiers"]["shared"]["evicted_chunks"] == 0
+        assert got[("kvstream_tier_capacity_bytes", lab)] == t.capacity_bytes
+        assert got[("kvstream_tier_used_bytes", lab)] == t.used_bytes
+        assert got[("kvstream_tier_chunks", lab)] == t.chunks
+        assert got[("kvstream_tier_evicted_chunks_total", lab)] == t.evicted_chunks
+        assert got[("kvstream_tier_evicted_bytes_total", lab)] == t.evicted_bytes
+    assert st.tiers["local"].capacity_bytes == 64 << 10
+    assert 0 < st.tiers["local"].used_bytes <= 64 << 10 and st.tiers["local"].evicted_chunks >= 16
+    assert st.tiers["shared"].chunks == 24 and st.tiers["shared"].evicted_chunks == 0
     assert got[("kvstream_memory_capacity_bytes", ())] == 8 << 20
-    assert got[("kvstream_memory_used_bytes", ())] == st["memory"]["used_bytes"]
-    assert got[("kvstream_memory_chunks", ())] == st["memory"]["chunks"] > 0
-    assert got[("kvstream_memory_evictions_total", ())] == st["memory"]["evictions"]
+    assert got[("kvstream_memory_used_bytes", ())] == st.memory.used_bytes
+    assert got[("kvstream_memory_chunks", ())] == st.memory.chunks > 0
+    assert got[("kvstream_memory_evictions_total", ())] == st.memory.evictions
 
 
 _WORKER = """

@@ -89,11 +89,11 @@ def test_read_into_aligned_targets_reads_in_place(disk_tmp, engine):
         assert all(r.ok and r.source in ("local", "shared") for r in results.values())
         assert check(results, keys, data, targets) == 0
         # The fastest tier (local, until measured) reads in place; the shared tier's chunks are copied in.
-        direct, copied = st["read_into_direct"], st["read_into_copied"]
+        direct, copied = st.read_into_direct, st.read_into_copied
         assert direct + copied == len(keys) and direct >= 1
         assert direct == sum(r.source == "local" for r in results.values())
         # nothing kept twice: only the copied chunks' pooled buffers stay in host memory
-        assert st["memory"]["chunks"] - before["memory"]["chunks"] == copied
+        assert st.memory.chunks - before.memory.chunks == copied
 
 
 @pytest.mark.parametrize("engine", engines())
@@ -107,8 +107,8 @@ def test_read_into_one_tier_reads_everything_in_place(disk_tmp, engine):
         assert all(r.ok and r.source == "local" for r in results.values())
         assert check(results, keys, data, targets) == 0
         st = s.stats()
-        assert st["read_into_direct"] == len(keys) and st["read_into_copied"] == 0
-        assert st["memory"]["chunks"] == 0
+        assert st.read_into_direct == len(keys) and st.read_into_copied == 0
+        assert st.memory.chunks == 0
 
 
 def test_unaligned_or_small_targets_go_through_a_pooled_buffer(disk_tmp):
@@ -124,7 +124,7 @@ def test_unaligned_or_small_targets_go_through_a_pooled_buffer(disk_tmp):
         assert results[2].reason == "target_too_small"
         assert check(results, keys, data, targets) == 0
         st = s.stats()
-        assert st["read_into_direct"] == 0 and st["read_into_copied"] == 5
+        assert st.read_into_direct == 0 and st.read_into_copied == 5
 
 
 def test_memory_hits_absent_keys_and_order(disk_tmp):
@@ -192,7 +192,7 @@ def test_one_damaged_copy_and_no_other_is_a_miss(disk_tmp):
         results = dict(s.read_into(keys, targets))
         assert not results[0].ok and results[0].reason == "unreadable"
         assert results[1].ok and results[2].ok
-        assert s.stats()["tiers"]["local"]["corrupt_chunks"] == 1
+        assert s.stats().tiers["local"].corrupt_chunks == 1
         assert s.get_meta(keys)[0] is None  # quarantined: no longer held
 
 
@@ -218,7 +218,7 @@ def test_a_stalled_read_into_a_target_is_waited_for_without_a_callback(disk_tmp)
         # it was still going.
         assert min(when) >= 0.45
         assert all(r.ok for r in results.values()) and check(results, keys, data, targets) == 0
-        assert s.stats()["hedged_reads"] >= 1
+        assert s.stats().hedged_reads >= 1
     finally:
         engine.release_stalls()
         s.close()
@@ -249,7 +249,7 @@ def test_a_stalled_read_into_a_target_is_reported_busy_and_freed_later_with_a_ca
         assert freed == []  # still being written: not freed yet
         assert done.wait(5.0)
         assert sorted(i for i, _ in freed) == [0, 1, 2] and min(t for _, t in freed) - t0 >= 0.9
-        assert s.stats()["read_into_abandoned"] == 3
+        assert s.stats().read_into_abandoned == 3
     finally:
         engine.release_stalls()
         s.close()

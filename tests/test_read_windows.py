@@ -79,3 +79,24 @@ def test_windows_stay_between_floor_and_budget(budgets, samples, floor):
         w.observe(t % len(budgets), nbytes, busy)
         for i, b in enumerate(budgets):
             assert min(floor, b) <= w.window(i) <= b
+
+
+def test_a_recovered_tier_is_measured_afresh():
+    """A stall drives a tier's estimate toward zero; once its breaker closes the estimate is dropped, so the
+    tier gets its full window back instead of climbing out of the EWMA over many steps."""
+    from kvstream.health import CircuitBreaker
+
+    w = BandwidthBalancedWindows([8 << 20, 8 << 20], min_bytes=1 << 20)
+    w.observe(0, 8 << 20, 0.01)
+    w.observe(1, 8 << 20, 0.04)
+    for _ in range(30):
+        w.observe(0, 0, 1.0)  # stalled: busy whole steps, nothing landed
+    assert w.window(0) == 1 << 20
+    b = CircuitBreaker(threshold=1)
+    b.on_failure(0.0)
+    assert b.usable(b.retry_at) and b.state == "half-open"
+    assert b.on_success() is True and b.on_success() is False  # only the first success is a recovery
+    w.forget(0)
+    assert w.bandwidth_estimate(0) is None and w.window(0) == 8 << 20
+    w.observe(0, 8 << 20, 0.01)
+    assert w.bandwidth_estimate(0) == pytest.approx((8 << 20) / 0.01)  # the first sample, not an EWMA step

@@ -30,7 +30,7 @@ def chunks(n: int, size: int = 64 * 1024) -> dict[bytes, bytes]:
 
 def wait_paid(s, timeout: float = 20.0) -> None:
     deadline = time.monotonic() + timeout
-    while any(t["replicas_owed"] for t in s.stats()["tiers"].values()) and time.monotonic() < deadline:
+    while any(t.replicas_owed for t in s.stats().tiers.values()) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert s.drain(10)
 
@@ -44,17 +44,17 @@ def test_copies_failed_by_eio_are_owed_across_a_restart_and_written_after(disk_t
             s.put(k, v)
         s.flush()
         assert s.drain(10)
-        st = s.stats()["tiers"]["shared"]
-        assert st["chunks"] == 0 and st["replicas_owed"] == len(data)
+        st = s.stats().tiers["shared"]
+        assert st.chunks == 0 and st.replicas_owed == len(data)
         s.health[1].cooldown_s = 3600  # the breaker stays open: catch-up must not hammer a failing tier
     journal = disk_tmp / "local" / "owed" / "n1.log"
     assert journal.exists()
     with kvstream.open_store(config(disk_tmp)) as s:  # the tier is healthy again
-        assert s.stats()["tiers"]["shared"]["replicas_owed"] == len(data)
+        assert s.stats().tiers["shared"].replicas_owed == len(data)
         wait_paid(s)
         st = s.stats()
-        assert st["tiers"]["shared"]["replicas_owed"] == 0 and st["tiers"]["shared"]["chunks"] == len(data)
-        assert st["catch_up_reads"] >= 1  # host memory was empty after the restart: read back from local
+        assert st.tiers["shared"].replicas_owed == 0 and st.tiers["shared"].chunks == len(data)
+        assert st.catch_up_reads >= 1  # host memory was empty after the restart: read back from local
         assert not any(full_replication_deficits(s).values())
     # The local copies are gone; every chunk is still there, from the shared tier alone.
     for f in (disk_tmp / "local" / "chunks").rglob("*.kvc"):
@@ -76,7 +76,7 @@ def test_a_debt_whose_chunk_was_evicted_everywhere_is_dropped_not_retried(disk_t
             s.owed.owe("shared", k)
         s.remove(gone)  # policy (here: the caller) dropped it from every tier and memory
         wait_paid(s)
-        assert s.stats()["tiers"]["shared"]["chunks"] == 2 and not s.tiers[1].contains(gone)
+        assert s.stats().tiers["shared"].chunks == 2 and not s.tiers[1].contains(gone)
 
 
 def test_the_journal_is_never_trusted(tmp_path):

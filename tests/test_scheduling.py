@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Hashable
 
 import numpy as np
@@ -20,6 +21,7 @@ from kvstream.scheduling import (
     RequestInfo,
     RequestState,
     SchedulerConfig,
+    Split,
     StepFinished,
     disk_hrrn,
     make_scheduler,
@@ -304,6 +306,61 @@ def test_event_objects_drive_the_same_methods() -> None:
 
 
 # ---------------------------------------------------------------------------------------------------------------
+# partly ready: a request whose front the GPU recomputes waits on the disk for its back only
+
+
+def _partly(first: str, t_first: float, second: str, t_second: float, now: float) -> list[Hashable]:
+    """Two preparing requests of 1 GB each; "b" is partly ready (0.8 GB of its front recomputed, so it waits
+    for 0.2 GB). One load at a time. Returns the order in which they are admitted."""
+    s = BidawScheduler(SchedulerConfig(max_running=8, max_loading=1))
+    info = {"a": RequestInfo(request_id="a", arrival=0.0, prompt_tokens=100, disk_bytes=GB),
+            "b": RequestInfo(request_id="b", arrival=0.0, prompt_tokens=100, disk_bytes=GB,
+                             compute_bytes=800_000_000)}
+    for rid, t in ((first, t_first), (second, t_second)):
+        s.on_arrival(dataclasses.replace(info[rid], arrival=t), now=t)
+    assert s.partly_ready("b") and not s.partly_ready("a")
+    admitted: list[Hashable] = []
+    for _ in range(4):
+        d = s.schedule(now=now)
+        admitted += d.admit
+        for lo in d.loads:
+            if lo.request_id == "b":
+                assert lo.compute_bytes == 800_000_000 and lo.nbytes == GB
+                assert s.staging_used == GB - 800_000_000  # its front goes to the GPU, not to host memory
+            s.on_load_finished(lo.request_id, now=now)
+        now += 1.0
+    return admitted
+
+
+def test_bidaw_admits_a_partly_ready_request_ahead_when_disk_hrrn_says_so() -> None:
+    # "a" (fully preparing) arrived first; at t=2 its ratio is 1 + 2 s / 1 GB, b's 1 + 1 s / 0.2 GB: b first.
+    assert disk_hrrn(2.0, GB) < disk_hrrn(1.0, GB - 800_000_000)
+    assert _partly("a", 0.0, "b", 1.0, now=2.0) == ["b", "a"]
+    # The same two, "a" having waited long enough that its ratio is the higher: disk-HRRN picks "a", partly
+    # ready or not (no unconditional priority; a partly-ready request cannot starve a large load).
+    assert disk_hrrn(100.0, GB) > disk_hrrn(1.0, GB - 800_000_000)
+    assert _partly("a", 0.0, "b", 99.0, now=100.0) == ["a", "b"]
+
+
+def test_a_split_rekeys_the_preparing_queue_and_is_one_lifecycle_event() -> None:
+    s = BidawScheduler(SchedulerConfig(max_running=8, max_loading=1))
+    s.on_arrival(req("a", 0.0, disk=GB), now=0.0)
+    s.on_arrival(req("b", 1.0, disk=GB), now=1.0)
+    s.handle(Split(request_id="b", compute_bytes=900_000_000, now=1.5))  # the policy now recomputes its front
+    assert s.partly_ready("b")
+    d = s.schedule(now=2.0)
+    assert [lo.request_id for lo in d.loads] == ["b"]
+    with pytest.raises(UsageError, match="split for request 'b' is not allowed in state loading"):
+        s.on_split("b", compute_bytes=0, now=2.0)
+    with pytest.raises(UsageError, match="compute_bytes"):
+        s.on_split("a", compute_bytes=2 * GB, now=2.0)
+    with pytest.raises(UsageError, match="compute_bytes"):
+        RequestInfo(request_id=1, arrival=0.0, prompt_tokens=1, disk_bytes=1, compute_bytes=2)
+    s.on_split("a", compute_bytes=0, now=2.0)  # unchanged: a no-op
+    assert not s.partly_ready("a")
+
+
+# ---------------------------------------------------------------------------------------------------------------
 # properties
 
 events = st.lists(
@@ -312,6 +369,7 @@ events = st.lists(
         st.tuples(st.just("load"), st.integers(0, 30), st.just(0)),
         st.tuples(st.just("finish"), st.integers(0, 30), st.just(0)),
         st.tuples(st.just("evict"), st.integers(0, 30), st.integers(1, GB)),
+        st.tuples(st.just("split"), st.integers(0, 30), st.integers(0, 4)),
     ),
     max_size=80,
 )
@@ -329,8 +387,14 @@ def test_lifecycle_and_limits_hold_under_random_events(name: str, seq: list[tupl
     for i, (kind, a, b) in enumerate(seq):
         now = float(i)
         if kind == "arrive":
-            s.on_arrival(req(n, now, disk=a, tokens=b, session=n % 5), now=now)
+            s.on_arrival(RequestInfo(request_id=n, arrival=now, prompt_tokens=b, disk_bytes=a, session=n % 5,
+                                     compute_bytes=a // (1 + b % 4) if b % 2 else 0), now=now)  # partly ready
             n += 1
+        elif kind == "split":
+            preparing = [r for r in range(n) if s.state_of(r) is RequestState.PREPARING]
+            if preparing:
+                rid = preparing[a % len(preparing)]
+                s.on_split(rid, compute_bytes=s._disk[rid] * b // 4, now=now)
         elif kind == "load" and loading:
             rid = loading.pop(a % len(loading))
             if s.state_of(rid) in (RequestState.LOADING, RequestState.RUNNING):

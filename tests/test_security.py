@@ -124,6 +124,7 @@ def test_every_file_and_folder_the_store_makes_is_private_even_with_umask_0(disk
             seen[suffix] |= p.name.endswith(suffix)
     assert loose == []
     assert all(seen.values()), seen
+    assert (disk_tmp / "deep").stat().st_mode & 0o777 == 0o700  # a parent create_dirs made, not only the tier
 
 
 # ── keys and names cannot escape the tier folder ───────────────────────────────────────────────────────────
@@ -169,8 +170,8 @@ def test_a_tenant_with_its_own_salt_never_hits_another_tenants_chunks(disk_tmp):
         after = s.stats()
     # Bob's lookups touched no tier and no host-memory entry: what he can time is a plain miss.
     for t in ("local", "shared"):
-        assert after["tiers"][t]["read_chunks"] == before["tiers"][t]["read_chunks"]
-    assert after["memory_hits"] == before["memory_hits"] and after["disk_hits"] == before["disk_hits"]
+        assert after.tiers[t].read_chunks == before.tiers[t].read_chunks
+    assert after.memory_hits == before.memory_hits and after.disk_hits == before.disk_hits
 
 
 def test_models_namespace_keys():

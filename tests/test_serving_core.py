@@ -346,3 +346,79 @@ def test_compute_off_sends_no_costs_and_a_bad_count_is_refused():
     assert load.compute_s == ()
     with pytest.raises(UsageError, match="computed"):
         core.handle(LoadDone(load_id=load.load_id, available=((0, 2),), computed=((0, 3),)), 0.1)
+
+
+# -- partly ready: Bidaw with compute ------------------------------------------------------------------------------
+def _bidaw_compute_core(max_running=4):
+    from kvstream.compute import ComputePolicy
+
+    store = set()
+
+    def lookup(ids):
+        n = next((i for i, c in enumerate(ids) if c not in store), len(ids))
+        return n, 0
+
+    # a tier reading a chunk (1 byte) in 5 ms: the GPU's 1-4 ms a chunk beats it on the front
+    pol = ComputePolicy(n_tiers=1, bandwidth=[1 / 0.005])
+    core = ServingCore(_ComputeCost(), lookup, ServingConfig(admit="ready", prefetch="hrrn", compute=True,
+                                                             max_running=max_running),
+                       chunk_bytes=1, compute=pol)
+    return core, store, pol
+
+
+def test_bidaw_sees_a_request_whose_front_is_recomputed_as_partly_ready():
+    """The driver's compute policy is asked at arrival: the scheduler learns the recomputable front (its
+    disk-HRRN ranks the request by its back only); the background load carries the costs at the batch's free
+    GPU share, and its recomputed front is on the GPU at admission (not moved from host memory)."""
+    from kvstream.serving.core import LoadDone
+
+    core, store, pol = _bidaw_compute_core()
+    r = req(0, 0.0, 1024 + 10)  # 4 chunks on disk
+    store.update(r.chunk_ids)
+    acts = core.handle(Arrival(request=r), 0.0)
+    sched = core.scheduler
+    m = pol.estimate(tuple(0.001 * (1 + j) for j in range(4)), [1] * 4)
+    assert m > 0 and sched._front[0] == m  # its front, in bytes (chunk_bytes=1)
+    (load,) = [a for a in acts if isinstance(a, StartLoad)]
+    assert load.background and load.compute_s == ((0.001, 0.002, 0.003, 0.004),)  # idle GPU: all of it
+    assert sched.partly_ready(0)
+    acts = core.handle(LoadDone(load_id=load.load_id, available=((0, 4),), computed=((0, 2),)), 0.02)
+    (step,) = [a for a in acts if isinstance(a, StartStep)]
+    # 10 new tokens; 2 chunks host->GPU; the recompute ran while the GPU was idle: it cost the steps nothing
+    assert step.duration == pytest.approx(0.1 + 0.010 + 2 * 0.01)
+    assert core.metrics.requests[0].computed_chunks == 2
+    assert "background_compute_us" not in core.metrics.counters
+
+
+def test_a_background_recompute_beside_a_step_is_charged_to_the_next_step():
+    """The GPU ran a step through the whole background load: the recompute's GPU seconds (1 + 2 ms, at the
+    whole GPU) were taken from the steps, so the next step is that much longer (the GPU's work is conserved)."""
+    from kvstream.serving.core import LoadDone
+
+    core, store, _ = _bidaw_compute_core(max_running=256)
+    core.handle(Arrival(request=req(1, 0.0, 1000)), 0.0)  # step 0: 0 .. 1.1 s
+    r = req(0, 0.0, 1024 + 10)
+    store.update(r.chunk_ids)
+    (load,) = [a for a in core.handle(Arrival(request=r), 0.0) if isinstance(a, StartLoad)]
+    assert load.background and load.compute_s
+    core.handle(LoadDone(load_id=load.load_id, available=((0, 4),), computed=((0, 2),)), 0.5)
+    (step,) = [a for a in core.handle(StepDone(step_id=0), 1.1) if isinstance(a, StartStep)]
+    assert step.duration == pytest.approx(0.1 + 0.010 + 2 * 0.01 + 0.003)
+    assert core.metrics.counters["background_compute_us"] == 3000
+
+
+def test_background_compute_backs_off_when_the_batch_is_full():
+    """Two requests fill a batch of two while a third waits on the disk: its load gets no costs (the GPU has no
+    share free for it) and the scheduler sees no recomputable front."""
+    core, store, _ = _bidaw_compute_core(max_running=2)
+    busy = [req(i, 0.0, 10_000, out=50) for i in (1, 2)]  # ready (nothing on disk), long decodes
+    for b in busy:
+        core.handle(Arrival(request=b), 0.0)
+    core.handle(StepDone(step_id=0), 11.0)  # the second one joins the first's decodes
+    assert len(core.scheduler.running) == 2
+    r = req(0, 11.01, 1024 + 10)
+    store.update(r.chunk_ids)
+    acts = core.handle(Arrival(request=r), 11.01)
+    (load,) = [a for a in acts if isinstance(a, StartLoad)]
+    assert load.background and load.compute_s == ()
+    assert not core.scheduler.partly_ready(0) and 0 not in core.scheduler._front

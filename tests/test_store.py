@@ -55,8 +55,8 @@ def test_round_trip_after_restart(disk_tmp, engine, router):
         out = s.get_many(keys)
         assert all(o is not None and bytes(o) == data[k].tobytes() for k, o in zip(keys, out))
         st = s.stats()
-        assert st["disk_hits"] == len(keys) and st["io_engine"] == engine
-        assert all(t["direct_io"] for t in st["tiers"].values())
+        assert st.disk_hits == len(keys) and st.io_engine == engine
+        assert all(t.direct_io for t in st.tiers.values())
 
 
 def test_meta_comes_back_and_numpy_meta_is_implied(disk_tmp):
@@ -175,11 +175,11 @@ def test_damaged_replica_is_never_returned_and_the_other_one_is(disk_tmp, damage
     with kvstream.open_store(config(disk_tmp, router="single:local")) as s:
         out = s.get_many(list(data))
         assert all(bytes(o) == data[k].tobytes() for k, o in zip(data, out))
-        t = s.stats()["tiers"]["local"]
+        t = s.stats().tiers["local"]
         if damage == "delete":
-            assert t["missing_files"] == 1
+            assert t.missing_files == 1
         else:
-            assert t["corrupt_chunks"] == 1
+            assert t.corrupt_chunks == 1
             assert list((disk_tmp / "local" / "quarantine").glob("*.kvc"))
         assert not s.tiers[0].contains(victim)
 
@@ -196,7 +196,7 @@ def test_damaged_only_copy_is_a_miss(disk_tmp):
     with kvstream.open_store(config(disk_tmp, replication="single")) as s:
         out = s.get_many(list(data))
         assert out[1] is None and all(bytes(out[i]) == data[k].tobytes() for i, k in enumerate(data) if i != 1)
-        assert s.stats()["lost_chunks"] == 1 and s.lookup(list(data)) == 1
+        assert s.stats().lost_chunks == 1 and s.lookup(list(data)) == 1
 
 
 def _crash_before_publish(cfg: dict, key: bytes) -> None:
@@ -222,7 +222,7 @@ def test_crash_between_write_and_publish_leaves_nothing_visible(disk_tmp):
     assert list((disk_tmp / "local" / "tmp").iterdir())  # the orphan is there...
     with kvstream.open_store(cfg) as s:
         assert not s.contains(b"c" * 16) and s.get_many([b"c" * 16]) == [None]
-        assert s.stats()["tiers"]["local"]["removed_temporaries"] >= 1
+        assert s.stats().tiers["local"].removed_temporaries >= 1
     assert not list((disk_tmp / "local" / "tmp").iterdir())  # ...and cleaned at the next open
     assert not chunk_files(disk_tmp / "local")
 
@@ -240,8 +240,8 @@ def test_capacity_is_enforced_by_lru(disk_tmp):
             if i == 3:
                 s.memory.discard(keys[0])
                 s.get_many([keys[0]])  # touch key 0 on disk: it becomes most recent
-        t = s.stats()["tiers"]["local"]
-        assert t["used_bytes"] <= 5 * 64 * 1024 and t["chunks"] == 5 and t["evicted_chunks"] == 7
+        t = s.stats().tiers["local"]
+        assert t.used_bytes <= 5 * 64 * 1024 and t.chunks == 5 and t.evicted_chunks == 7
     assert len(chunk_files(disk_tmp / "l")) == 5
     with kvstream.open_store(cfg) as s:
         assert s.tiers[0].contains(keys[0]) is False or s.tiers[0].contains(keys[11])
@@ -255,7 +255,7 @@ def test_chunk_bigger_than_capacity_is_skipped_and_counted(disk_tmp):
         s.put(b"big".ljust(16, b"."), b"z" * 100000)
         s.flush()
         s.drain()
-        assert s.stats()["tiers"]["local"]["write_skipped_full"] == 1
+        assert s.stats().tiers["local"].write_skipped_full == 1
 
 
 def _writer(cfg: dict, seed: int, barrier) -> None:
@@ -288,8 +288,8 @@ def test_two_processes_writing_the_same_keys(disk_tmp):
     with kvstream.open_store(cfg) as s:
         out = s.get_many(list(data))
         assert all(bytes(o) == v.tobytes() for o, v in zip(out, data.values()))
-        st = s.stats()["tiers"]
-        assert st["local"]["chunks"] == 40
+        st = s.stats().tiers
+        assert st["local"].chunks == 40
 
 
 def test_views_survive_eviction_without_changing(disk_tmp):
@@ -301,7 +301,7 @@ def test_views_survive_eviction_without_changing(disk_tmp):
         snapshot = [bytes(v) for v in first]
         s.get_many(keys[4:])  # evicts the first ones from memory
         assert [bytes(v) for v in first] == snapshot
-        assert s.stats()["memory"]["evictions"] > 0
+        assert s.stats().memory.evictions > 0
         with pytest.raises(TypeError):
             first[0][0] = 1  # read-only: a caller cannot change a cached chunk
 
@@ -316,7 +316,7 @@ def test_replication_policies_and_write_amplification(disk_tmp):
                 s.put(k, v, position=i)
             s.flush()
             s.drain()
-            amps[rep] = s.stats()["write_amplification"]
+            amps[rep] = s.stats().write_amplification
             shared = len(chunk_files(root / "shared"))
         assert len(chunk_files(root / "local")) == 40
         assert abs(shared - {"full": 40, "single": 0, "partial:0.5": 20}[rep]) <= 1  # 0.5 of 40, evenly spread
@@ -331,7 +331,7 @@ def test_selective_replication_copies_a_chunk_once_it_is_reused(disk_tmp):
     assert len(chunk_files(disk_tmp / "shared")) == 0
     with kvstream.open_store(cfg) as s:
         s.get_many(list(data)[:3])  # a reuse, read from disk
-        assert s.stats()["copies_ordered"] == 3
+        assert s.stats().copies_ordered == 3
         s.flush()
         s.drain()
     assert len(chunk_files(disk_tmp / "shared")) == 3
@@ -366,8 +366,8 @@ def test_put_naming_a_tier_that_lacks_a_stored_chunk_adds_that_replica(disk_tmp)
         assert s.put(keys[0], data[keys[0]], tiers=["local", "shared"])  # shared lacks it: written there only
         s.flush()
         s.drain()
-        st = s.stats()["tiers"]
-        assert s.tiers[1].contains(keys[0]) and st["local"]["write_chunks"] == 1 and st["shared"]["write_chunks"] == 1
+        st = s.stats().tiers
+        assert s.tiers[1].contains(keys[0]) and st["local"].write_chunks == 1 and st["shared"].write_chunks == 1
         s.evict_memory()
         got = [bytes(v) for v in s.get_many([keys[0]])]
         assert got == [bytes(data[keys[0]])]
@@ -405,19 +405,19 @@ def test_a_slow_second_tier_never_stalls_puts_and_the_first_copy_is_always_writt
             worst = max(worst, time.monotonic() - t0)
         assert s.drain(30)
         st = s.stats()
-        local, shared = st["tiers"]["local"], st["tiers"]["shared"]
-        assert st["puts_dropped_no_memory"] == 0
-        assert local["write_chunks"] == len(data)  # the first copy of every chunk
-        assert shared["write_skipped_backlog"] > 0
+        local, shared = st.tiers["local"], st.tiers["shared"]
+        assert st.puts_dropped_no_memory == 0
+        assert local.write_chunks == len(data)  # the first copy of every chunk
+        assert shared.write_skipped_backlog > 0
         deadline = time.monotonic() + 30
-        while s.stats()["tiers"]["shared"]["replicas_owed"] and time.monotonic() < deadline:
+        while s.stats().tiers["shared"].replicas_owed and time.monotonic() < deadline:
             time.sleep(0.1)
         assert s.drain(30)
         st = s.stats()
-        shared = st["tiers"]["shared"]
-        assert shared["replicas_owed"] == 0 and st["catch_up_copies"] >= 1
-        assert shared["write_chunks"] == len(data) and shared["chunks"] == len(data)  # each once, none twice
-        assert shared["write_backlog_bytes"] == 0  # all finished
+        shared = st.tiers["shared"]
+        assert shared.replicas_owed == 0 and st.catch_up_copies >= 1
+        assert shared.write_chunks == len(data) and shared.chunks == len(data)  # each once, none twice
+        assert shared.write_backlog_bytes == 0  # all finished
         s.evict_memory()
         got = s.get_many(list(data))
         assert all(g is not None and bytes(g) == data[k].tobytes() for k, g in zip(data, got))
@@ -434,8 +434,8 @@ def test_backlog_limit_is_configurable_and_zero_means_first_copy_only(disk_tmp):
             s.put(k, v)
         s.flush()
         assert s.drain(10)
-        st = s.stats()["tiers"]
-        assert st["local"]["write_chunks"] == 4 and st["shared"]["write_skipped_backlog"] == 4
+        st = s.stats().tiers
+        assert st["local"].write_chunks == 4 and st["shared"].write_skipped_backlog == 4
 
 
 def test_put_hands_its_access_metadata_to_host_memory_eviction(disk_tmp):

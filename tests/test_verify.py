@@ -177,7 +177,7 @@ def test_repair_quarantines_fixes_the_index_and_the_store_agrees(disk_tmp, capsy
         assert s.contains(okeys[0]) and not s.contains(keys[0]) and not s.contains(keys[1])
         got = s.get_many([okeys[0], keys[3]])
         assert bytes(got[0]) == (other / relpath(okeys[0])).read_bytes()[HEADER_BYTES:HEADER_BYTES + len(got[0])]
-        assert s.stats()["tiers"]["t"]["corrupt_chunks"] == 0
+        assert s.stats().tiers["t"].corrupt_chunks == 0
 
 
 def test_a_damaged_snapshot_is_an_index_error(disk_tmp, capsys):

@@ -341,8 +341,8 @@ def test_concurrent_removes_of_one_key_count_it_once(disk_tmp):
             t.start()
         for t in ts:
             t.join(30)
-        for name, t in s.stats()["tiers"].items():
-            assert (t["used_bytes"], t["chunks"]) == (0, 0), name
+        for name, t in s.stats().tiers.items():
+            assert (t.used_bytes, t.chunks) == (0, 0), name
 
 
 @pytest.mark.parametrize("api", ["read_chunks", "read_into"])

@@ -132,7 +132,8 @@ class Node:
         return res
 
     def _tier_stats(self) -> dict[str, Any]:
-        st = self.store.stats()
+        st = self.store.stats().as_dict()
+        st = st.as_dict() if hasattr(st, "as_dict") else st  # a StoreStats (kvstream.stats) or the older dict
         keep = ("chunks", "used_bytes", "read_errors", "corrupt_chunks", "missing_files", "write_chunks",
                 "write_errors", "write_skipped_full", "write_skipped_unhealthy", "write_skipped_backlog",
                 "already_present", "evicted_chunks", "circuit", "circuit_opened", "direct_io", "removed_temporaries")
@@ -222,6 +223,119 @@ class Node:
             res["misses"] += r["misses"]
             res["wrong"] += r["wrong"]
         return res
+
+    # -- benchmark commands (bench/dfs/reuse.py) -------------------------------------------------------------
+    def _stats(self) -> dict[str, Any]:
+        st = self.store.stats()
+        return st.as_dict() if hasattr(st, "as_dict") else st  # type: ignore[no-any-return]
+
+    def op_bench_read(self, cmd: dict[str, Any]) -> dict[str, Any]:
+        """One timed multi-key read from the tiers (host memory emptied first): seconds until the last chunk
+        landed, chunks and bytes per tier; every byte is compared with the key's payload afterwards (untimed)."""
+        keys = [bytes.fromhex(h) for h in cmd["keys"]]
+        self.store.evict_memory()
+        before = self._stats()["tiers"]
+        got: dict[int, Any] = {}
+        t0 = time.perf_counter()
+        for i, chunk in self.store.read_chunks(keys):
+            got[i] = chunk
+        seconds = time.perf_counter() - t0
+        after = self._stats()["tiers"]
+        sources: dict[str, int] = {}
+        misses = wrong = 0
+        for i, chunk in got.items():
+            if chunk is None:
+                misses += 1
+                continue
+            sources[chunk.source] = sources.get(chunk.source, 0) + 1
+            if cmd.get("check", True) and bytes(chunk.payload) != payload_for(keys[i], cmd["size"]):
+                wrong += 1
+        got.clear()
+        self.store.evict_memory()
+        per_tier = {n: {"bytes": after[n]["read_bytes"] - before[n]["read_bytes"],
+                        "chunks": after[n]["read_chunks"] - before[n]["read_chunks"],
+                        "duplicates": after[n]["duplicate_chunks"] - before[n]["duplicate_chunks"]} for n in after}
+        return {"seconds": seconds, "sources": sources, "misses": misses, "wrong": wrong, "per_tier": per_tier}
+
+    def op_rawread(self, cmd: dict[str, Any]) -> dict[str, Any]:
+        """The raw O_DIRECT reader (:mod:`kvstream.io.rawread`) on the chunk files of ``keys`` in the named
+        tiers of this node's store: alone (one tier) or all at once (the aggregate-bandwidth bound)."""
+        from kvstream.io import make_engine
+        from kvstream.io.rawread import read_files, read_tiers_concurrently
+
+        keys = [bytes.fromhex(h) for h in cmd["keys"]]
+        if getattr(self, "_engine", None) is None:
+            self._engine = make_engine(cmd.get("io_engine", "auto"))
+        files = {t.name: [str(t.path_for(k)) for k in keys] for t in self.store.tiers if t.name in cmd["tiers"]}
+        depth = cmd.get("depth", 8)
+        if len(files) == 1:
+            (name, fl), = files.items()
+            r = read_files(fl, engine=self._engine, depth=depth)
+            return {"seconds": r.seconds, "bytes": r.bytes, "gbps": {name: r.gbps}}
+        conc = read_tiers_concurrently(files, engine=self._engine, depth=depth)
+        gbps = {n: r.gbps for n, r in conc.tiers.items()}
+        one_copy = conc.bytes / len(files)
+        return {"seconds": conc.seconds, "bytes": conc.bytes, "gbps": gbps,
+                "bound_seconds": one_copy / (sum(gbps.values()) * 1e9)}
+
+    def op_copy_local(self, cmd: dict[str, Any]) -> dict[str, Any]:
+        """A read-through copy done by the caller: read ``keys`` (from wherever the store finds them), put each
+        into the named tier only (``tiers=[...]``: the replica it lacks), flush and drain. Timed in two parts."""
+        keys = [bytes.fromhex(h) for h in cmd["keys"]]
+        tier = cmd.get("tier", "local")
+        self.store.evict_memory()
+        t0 = time.perf_counter()
+        chunks = dict(self.store.read_chunks(keys))
+        t1 = time.perf_counter()
+        self.store.evict_memory()  # the views stay valid (pinned); the puts below take their own buffers
+        put = sum(bool(self.store.put(keys[i], c.payload, tiers=[tier])) for i, c in chunks.items() if c is not None)
+        self.store.flush()
+        drained = self.store.drain(300)
+        t2 = time.perf_counter()
+        chunks.clear()
+        self.store.evict_memory()
+        tiers = {t.name: t for t in self.store.tiers}
+        return {"read_s": t1 - t0, "write_s": t2 - t1, "put": put, "drained": drained,
+                "held": sum(tiers[tier].contains(k) for k in keys)}
+
+    def op_refresh(self, cmd: dict[str, Any]) -> dict[str, Any]:
+        """Look at the shared tier's index folder now (a refresh, whatever the last one's time); returns the
+        index's full reloads and load retries (a file vanished under a load) so far, and the refresh's seconds."""
+        t0 = time.perf_counter()
+        self.shared_tier.maybe_refresh(0.0)
+        idx = self.shared_tier.index
+        return {"reloads": idx.reloads, "load_retries": getattr(idx, "load_retries", 0),
+                "seconds": time.perf_counter() - t0}
+
+    def op_watch(self, cmd: dict[str, Any]) -> dict[str, Any]:
+        """Until the file ``until_file`` exists (at most ``seconds``): refresh the shared tier's index every
+        ``interval_s`` (forced) and count how many of ``keys`` it lists after each; returns the samples where some
+        were missing, the lowest count, and the index's reloads and load retries (a file vanished under a load)
+        meanwhile. (This worker reads its commands one at a time, so the test stops it through a file.)"""
+        keys = [bytes.fromhex(h) for h in cmd["keys"]]
+        idx = self.shared_tier.index
+        r0, l0 = idx.reloads, getattr(idx, "load_retries", 0)
+        t0 = time.monotonic()
+        short: list[tuple[float, int]] = []
+        lowest, samples, slowest = len(keys), 0, 0.0
+        until = cmd.get("until_file")
+        stopped = False
+        while time.monotonic() - t0 < cmd["seconds"]:
+            if until and os.path.exists(until):
+                stopped = True
+                break
+            t = time.monotonic()
+            self.shared_tier.maybe_refresh(0.0)
+            slowest = max(slowest, time.monotonic() - t)
+            n = sum(1 for k in keys if self.shared_tier.contains(k))
+            samples += 1
+            lowest = min(lowest, n)
+            if n < len(keys) and len(short) < 20:
+                short.append((round(t - t0, 2), n))
+            time.sleep(cmd.get("interval_s", 0.1))
+        return {"samples": samples, "lowest": lowest, "short": short, "reloads": idx.reloads - r0,
+                "load_retries": getattr(idx, "load_retries", 0) - l0, "slowest_refresh_s": slowest,
+                "stopped": stopped, "watched_s": time.monotonic() - t0}
 
     def op_remove(self, cmd: dict[str, Any]) -> dict[str, Any]:
         return {"removed": sum(self.store.remove(bytes.fromhex(h)) for h in cmd["keys"])}

@@ -164,7 +164,7 @@ def read_faults(kind: str, rings: str, p: float) -> Callable[[Round, Tally], Non
                 for h in s.health:
                     h.threshold = 10**9  # about replicas here; the breaker has its own scenario
             out = s.get_many(r.keys)
-            st = s.stats()
+            st = s.stats().as_dict()
         t.wrong_bytes += wrong(r.keys, out, r.size)
         destroyed = every_replica_hit(plan, {"flip", "short"}) if kind != "eio" else set()
         hit_all = every_replica_hit(plan, {kind})
@@ -201,7 +201,7 @@ def at_rest_damage(r: Round, t: Tally) -> None:
         for h in s.health:
             h.threshold = 10**9
         out = s.get_many(r.keys)
-        st = s.stats()
+        st = s.stats().as_dict()
     t.injected += n_files
     t.wrong_bytes += wrong(r.keys, out, r.size)
     misses = {k for k, o in zip(r.keys, out) if o is None}
@@ -254,7 +254,7 @@ def stall_hedge(r: Round, t: Tally) -> None:
             t.wrong_bytes += wrong(r.keys, out, r.size)
             t.bytes_lost += r.size * sum(o is None for o in out)  # every replica was intact: a miss is a loss
             t.add(misses=sum(o is None for o in out))
-        st = s.stats()
+        st = s.stats().as_dict()
     finally:
         engine.release_stalls()
         s.close()
@@ -282,7 +282,7 @@ def breaker(r: Round, t: Tally) -> None:
         s.evict_memory()
         out = s.get_many(r.keys)
         t.wrong_bytes += wrong(r.keys, out, r.size)
-        back = s.health[0].state == "closed" and s.stats()["tiers"]["local"]["read_chunks"] > 0
+        back = s.health[0].state == "closed" and s.stats().as_dict()["tiers"]["local"]["read_chunks"] > 0
         t.add(misses=sum(o is None for o in out), opened=opened, probed_back=back)
         t.bytes_lost += r.size * sum(o is None for o in out)
     t.injected += plan.injected()
@@ -307,7 +307,7 @@ def write_faults(kind: str, p: float) -> Callable[[Round, Tally], None]:
                 s.flush()
                 worst = max(worst, time.monotonic() - t0)
             s.drain(60)
-            st = s.stats()["tiers"]
+            st = s.stats().as_dict()["tiers"]
             s.evict_memory()
             out = s.get_many(r.keys)
         t.wrong_bytes += wrong(r.keys, out, r.size)
@@ -386,7 +386,7 @@ def _node(cfg: dict, keys: list[bytes], size: int, seconds: float, seed: int, q)
                     served += 1
                     torn += wrong([k], [o], size)
         s.drain()
-        corrupt = sum(t["corrupt_chunks"] for t in s.stats()["tiers"].values())
+        corrupt = sum(t["corrupt_chunks"] for t in s.stats().as_dict()["tiers"].values())
     q.put((torn, served, corrupt))
 
 
@@ -430,7 +430,7 @@ def foreign_files(r: Round, t: Tally) -> None:
         t.injected += 1
     with kvstream.open_store(r.cfg) as s:
         out = s.get_many(r.keys)
-        st = s.stats()
+        st = s.stats().as_dict()
     t.wrong_bytes += wrong(r.keys, out, r.size)
     t.add(misses=sum(o is None for o in out), quarantined=tier_sum(st, "corrupt_chunks"))
     lost, bad, _ = r.final_read(destroyed)
@@ -488,7 +488,7 @@ def kernel_scenario(kind: str) -> Callable[[Round, Tally], None]:
                     t.wrong_bytes += wrong(first, out, size)
                     t.bytes_lost += size * sum(o is None for o in out)
                     put_all(s, later, size, t)  # writes into the read-only or vanished tier
-                    full = s.stats()
+                    full = s.stats().as_dict()
                     st = full["tiers"]["local"]
                     t.add(misses=sum(o is None for o in out), read_errors=st["read_errors"],
                           write_errors=st["write_errors"], retried=st["write_retried_nospace"],
@@ -512,6 +512,133 @@ def kernel_scenario(kind: str) -> Callable[[Round, Tally], None]:
     return run
 
 
+
+def owed_replicas(r: Round, t: Tally) -> None:
+    """A burst past the shared tier's write backlog: its copies are skipped, owed, and written by the catch-up;
+    after a restart nothing is owed and every chunk has both copies (issue 13: full replication is full)."""
+    r.cfg["memory_bytes"] = "8MiB"
+    r.cfg["tiers"][1]["write_backlog_bytes"] = 2 * (r.size + 4096)
+    with kvstream.open_store(r.cfg) as s:
+        for k in r.keys:
+            s.put(k, payload_for(k, r.size))
+        s.flush()
+        s.drain(30)
+        st = s.stats().tiers["shared"]
+        t.injected += st.write_skipped_backlog
+        t.add(skipped_backlog=st.write_skipped_backlog)
+        deadline = time.monotonic() + 30
+        while s.owed.counts()["shared"] and time.monotonic() < deadline:
+            time.sleep(0.05)
+        s.drain(30)
+        t.add(owed_left=s.owed.counts()["shared"], catch_up_reads=s.stats().catch_up_reads)
+    with kvstream.open_store(r.cfg) as s:
+        t.add(both_copies=sum(all(tier.contains(k) for tier in s.tiers) for k in r.keys), chunks=len(r.keys))
+    lost, bad, _ = r.final_read()
+    t.bytes_lost += lost
+    t.wrong_bytes += bad
+
+
+def xfs_down(r: Round, t: Tally) -> None:
+    """The first tier's XFS is shut down (every operation EIO, as when its disk dies) mid-run: reads come from
+    the other replica, new copies to it are owed (their journal moves off the dead tier), and after a repair
+    (umount, mount: XFS replays its log) and a restart the catch-up writes them."""
+    import kernel
+
+    size = r.size
+    with kernel.loop_fs("drill-xfs", 320 << 20, fstype="xfs") as fs:  # XFS wants at least 300 MB
+        r.local = fs.mountpoint / "tier"
+        r.cfg["tiers"][0]["path"] = str(r.local)
+        first, later = r.keys[: len(r.keys) // 2], r.keys[len(r.keys) // 2:]
+        s = kvstream.open_store(r.cfg)
+        s.health[0].cooldown_s = 0.1
+        for k in first:
+            s.put(k, payload_for(k, size))
+        s.flush()
+        s.drain(30)
+        s.evict_memory()
+        fs.shutdown()
+        t0 = time.monotonic()
+        out = s.get_many(first)
+        t.peak(max_step_s=time.monotonic() - t0)
+        t.wrong_bytes += wrong(first, out, size)
+        t.bytes_lost += size * sum(o is None for o in out)
+        worst = 0.0
+        for k in later:
+            t1 = time.monotonic()
+            s.put(k, payload_for(k, size))
+            s.flush()
+            worst = max(worst, time.monotonic() - t1)
+        s.drain(30)
+        t.peak(max_put_flush_s=worst)
+        st = s.stats().tiers["local"]
+        owed = s.owed.counts()["local"]
+        t.injected += st.read_errors + st.write_errors
+        t.add(read_errors=st.read_errors, write_errors=st.write_errors, owed=owed,
+              journal_moved=int(s.owed.path is not None and not s.owed.path.is_relative_to(r.local)))
+        report = s.close(timeout=5)
+        t.add(close_stuck=len(report.stuck_tiers))
+        fs.detach()
+        fs.mount()
+        with kvstream.open_store(r.cfg) as again:
+            deadline = time.monotonic() + 30
+            while again.owed.counts()["local"] and time.monotonic() < deadline:
+                time.sleep(0.05)
+            again.drain(30)
+            t.add(owed_written=sum(again.tiers[0].contains(k) for k in later), owed_left=again.owed.counts()["local"])
+        lost, bad, _ = r.final_read()
+        t.bytes_lost += lost
+        t.wrong_bytes += bad
+        t.add(verify_errors=len(verify_tier(r.local).errors))
+
+
+def frozen(r: Round, t: Tally) -> None:
+    """The first tier's file system is frozen (``fsfreeze``: creates and writes block) mid-run: puts and flushes
+    never wait on it, reads are served, ``close`` returns after its timeout naming the tier, and the copies land
+    once it thaws."""
+    import kernel
+
+    size = r.size
+    with kernel.loop_fs("drill-freeze", 64 << 20) as fs:
+        r.local = fs.mountpoint / "tier"
+        r.cfg["tiers"][0]["path"] = str(r.local)
+        first, later = r.keys[: len(r.keys) // 2], r.keys[len(r.keys) // 2:]
+        s = kvstream.open_store(r.cfg)
+        for k in first:
+            s.put(k, payload_for(k, size))
+        s.flush()
+        s.drain(30)
+        fs.freeze()
+        try:
+            worst = 0.0
+            for k in later:
+                t1 = time.monotonic()
+                s.put(k, payload_for(k, size))
+                s.flush()
+                worst = max(worst, time.monotonic() - t1)
+            t.peak(max_put_flush_s=worst)
+            s.evict_memory()
+            t0 = time.monotonic()
+            out = s.get_many(r.keys)
+            t.peak(max_step_s=time.monotonic() - t0)
+            t.wrong_bytes += wrong(r.keys, out, size)
+            t.bytes_lost += size * sum(o is None for o in out)
+            t1 = time.monotonic()
+            report = s.close(timeout=0.5)
+            t.peak(close_s=time.monotonic() - t1)
+            t.injected += 1
+            t.add(close_named=int(report.stuck_tiers == ("local",)))
+        finally:
+            fs.unfreeze()
+        deadline = time.monotonic() + 30
+        while s.tiers[0].index._own_fd is not None and time.monotonic() < deadline:
+            time.sleep(0.05)  # the background closer finishes once the frozen writes land
+        with kvstream.open_store(r.cfg) as again:
+            t.add(landed_after_thaw=sum(again.tiers[0].contains(k) for k in later), thawed_chunks=len(later))
+        lost, bad, _ = r.final_read()
+        t.bytes_lost += lost
+        t.wrong_bytes += bad
+        t.add(verify_errors=len(verify_tier(r.local).errors))
+
 SCENARIOS: list[tuple[str, str, str, Callable[[Round, Tally], None] | None]] = [
     ("read-eio-one", "EIO on 30 % of one tier's reads", "in-process hook", read_faults("eio", "local-r", 0.3)),
     ("read-eio-both", "EIO on 30 % of both tiers' reads", "in-process hook", read_faults("eio", "*-r", 0.3)),
@@ -528,6 +655,8 @@ SCENARIOS: list[tuple[str, str, str, Callable[[Round, Tally], None] | None]] = [
     ("two-nodes", "two processes writing+reading the same keys on one shared tier", "2 processes", two_nodes),
     ("foreign-files", "junk, zero-length, truncated, wrong-version, foreign files in the folders", "on-disk damage",
      foreign_files),
+    ("owed-replicas", "a burst past the shared tier's write backlog (second copies skipped)", "configuration",
+     owed_replicas),
 ]
 REAL: list[tuple[str, str, str, str]] = [
     ("real-enospc", "file system smaller than the tier's capacity", "kernel: 40 MiB loop ext4", "enospc"),
@@ -569,6 +698,21 @@ def outcome(t: Tally) -> str:
     if t.name == "foreign-files":
         return (f"every store opened and served; {g('quarantined')} damaged local copies quarantined (the shared "
                 f"copy served), junk ignored; {g('misses')} misses")
+    if t.name == "owed-replicas":
+        return (f"{g('skipped_backlog')} second copies skipped at the backlog limit and owed; {g('owed_left')} still "
+                f"owed after the catch-up ({g('catch_up_reads')} read back from the other tier); after a restart "
+                f"{g('both_copies')}/{g('chunks')} chunks have both copies")
+    if t.name == "real-xfs-down":
+        return (f"{g('read_errors')} read + {g('write_errors')} write EIOs; reads served by the other replica; "
+                f"{g('owed')} copies owed, journal moved off the dead tier {g('journal_moved')}/{n}; close stuck on "
+                f"{g('close_stuck')} tiers; after repair and restart {g('owed_written')} owed copies written, "
+                f"{g('owed_left')} left; slowest read step {m.get('max_step_s', 0) * 1000:.0f} ms, slowest put+flush "
+                f"{m.get('max_put_flush_s', 0) * 1000:.0f} ms; verify errors {g('verify_errors')}")
+    if t.name == "real-fsfreeze":
+        return (f"slowest put+flush on the frozen tier {m.get('max_put_flush_s', 0) * 1000:.0f} ms, slowest read "
+                f"step {m.get('max_step_s', 0) * 1000:.0f} ms; close(timeout=0.5) returned in "
+                f"{m.get('close_s', 0):.2f} s naming the frozen tier {g('close_named')}/{n}; after the thaw "
+                f"{g('landed_after_thaw')}/{g('thawed_chunks')} frozen copies landed; verify errors {g('verify_errors')}")
     if t.name.startswith("real-"):
         return (f"{g('misses')} misses; faulty tier: {g('read_errors')} read errors, {g('write_errors')} write "
                 f"errors, {g('skipped_unhealthy')} copies skipped (breaker open), {g('retried')} writes retried after eviction ({g('evicted')} evicted), {g('quarantined')} "
@@ -610,6 +754,13 @@ def main(argv: list[str] | None = None) -> int:
             plan.append((n, f, "kernel: device-mapper", None, dm or "not wired into the drill (see the root suite)"))
         plan.append(("real-edquot", "writer over its ext4 quota", "kernel: ext4 quota", None,
                      kernel.missing_quota() or "run by the root suite only"))
+        no_xfs = why or next((f"{tool} is not installed (apt xfsprogs)" for tool in ("mkfs.xfs", "xfs_io")
+                              if not shutil.which(tool)), None)
+        plan.append(("real-xfs-down", "the first tier's XFS shut down mid-run (its disk dies), repaired, reopened",
+                     "kernel: `xfs_io -x -c shutdown`", None if no_xfs else xfs_down, no_xfs or ""))
+        no_freeze = why or (None if shutil.which("fsfreeze") else "fsfreeze is not installed (util-linux)")
+        plan.append(("real-fsfreeze", "the first tier's file system frozen mid-run, then thawed", "kernel: `fsfreeze`",
+                     None if no_freeze else frozen, no_freeze or ""))
     if args.only:
         plan = [p for p in plan if p[0] in args.only]
     tallies: list[Tally] = []

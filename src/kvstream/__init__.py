@@ -15,6 +15,7 @@ from kvstream.errors import (
 )
 from kvstream.format import ChunkMeta
 from kvstream.keys import ChunkKeyer, KeyNamespace
+from kvstream.stats import MemoryStats, StoreStats, TierStats
 from kvstream.store import Chunk, CloseReport, Store, open_store
 
 __version__ = "0.1.0"
@@ -24,6 +25,9 @@ __all__ = [
     "Store",
     "Chunk",
     "CloseReport",
+    "StoreStats",
+    "TierStats",
+    "MemoryStats",
     "StoreConfig",
     "TierConfig",
     "ChunkMeta",

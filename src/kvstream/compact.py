@@ -35,6 +35,7 @@ from kvstream.models import ModelShape, kv_bytes_per_token
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
+    from torch import Tensor as _Tensor  # for annotations inside functions, where ``torch`` is a local
 
 __all__ = [
     "TensorCost",
@@ -160,7 +161,8 @@ def apply_rotary(x: torch.Tensor, positions: torch.Tensor, *, theta: float) -> t
     sin = torch.cat([angles.sin(), angles.sin()], dim=-1)[:, None, :].to(x.dtype)  # type: ignore[attr-defined]
     half = d // 2
     rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)  # type: ignore[attr-defined]
-    return x * cos + rotated * sin
+    out: _Tensor = x * cos + rotated * sin
+    return out
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -212,10 +214,10 @@ def rebuild_kv(
     return k, v
 
 
-def encode_compact(normed_inputs: Sequence[torch.Tensor], *, dtype: object | None = None) -> torch.Tensor:
+def encode_compact(normed_inputs: Sequence[torch.Tensor], *, dtype: torch.dtype | None = None) -> torch.Tensor:
     """Stack per-layer normalised inputs (each ``[tokens, hidden]``) into the stored ``[layers, tokens, hidden]``."""
     torch = _torch()
-    out = torch.stack(list(normed_inputs), dim=0)  # type: ignore[attr-defined]
+    out: _Tensor = torch.stack(list(normed_inputs), dim=0)  # type: ignore[attr-defined]
     return out.to(dtype).contiguous() if dtype is not None else out.contiguous()
 
 

@@ -20,23 +20,47 @@ measurements and returns plans; the simulator's store and replay's store drive t
   ``max(compute time of chunks [0, m), read time of the rest at the summed bandwidth)``. The step then
   refines it chunk by chunk: the meeting follows the sources' real speeds.
 
-- ``skip(cost_s, nbytes, tiers)`` for a load's *other* items (the read step's compute source serves one
-  chain, the first item): True when recomputing the whole item in the step's prefill costs less GPU time than
-  reading it takes at the measured bandwidth (the split's other end, m = n: a cold or very slow tier), so
-  the load leaves it out and the core recomputes it.
+- ``estimate(cost_s, nbytes, tiers)``: the front ``plan`` would choose, changing nothing (no counters): what a
+  scheduler is told of a request whose load has not started (Bidaw's *partly ready* requests,
+  :class:`kvstream.scheduling.BidawScheduler`, through the serving core).
+- ``skip(cost_s, nbytes, tiers)``: True when recomputing a whole item in the step's prefill costs less GPU time
+  than reading it takes at the measured bandwidth (a cold or very slow tier).
+
+Every request of a load gets its own split (:func:`split_load`, the one rule both drivers apply): each item's
+*chain* (its leading chunks that are read, recomputable in prefix order: :func:`item_chains`) is merged into
+one compute order, cheapest next chunk first (:func:`merge_chains`; a chunk's cost grows with its position, so
+this order takes, for any number ``m`` of chunks, the ``m`` cheapest the prefix rule allows), the load's disk
+chunks are reordered so that this merged chain leads the read step, and ``plan`` places the split in it: one
+GPU recomputes the fronts of all the requests (in their prefix order) while the tiers read their backs, and
+they meet. A request's split is how many of its chunks lie before the meeting point: zero (read whole), all of
+them (recomputed whole), or anything between; an item with no chain (its first chunk in host memory) may still
+be left to the step's prefill whole (``skip``). The GPU's share decides what a chunk costs (``gpu_share``: the
+serving core scales each request's costs by it and sends none under a full batch, so compute backs off when
+the batch has no room for it). After the step, :func:`leading_computed` gives each request's leading
+recomputed run (what ``LoadDone.computed`` reports). Replay's store cannot reorder its step, so it hands the
+store its keys in :func:`compute_order_hint`'s order and splits with ``reorder=False``.
+
+The one-chain rule of the first version (:func:`chain_length`, :func:`items_to_skip`,
+:func:`computed_per_item`: only the load's first request had a front/back split, the others were read or
+recomputed whole) stays until every driver uses :func:`split_load`.
 
 Invariant: a plan never asks for more than the chain, and ``front`` is inside it (0 <= front <= len(cost_s)).
 """
 
 from __future__ import annotations
 
+import heapq
 from collections import Counter
 from collections.abc import Collection, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from kvstream.read_step import ComputePlan
 
-__all__ = ["ComputePolicy", "best_split", "gpu_share", "chain_length", "computed_per_item", "items_to_skip"]
+H = TypeVar("H", bound=Hashable)
+
+__all__ = ["ComputePolicy", "best_split", "gpu_share", "chain_length", "computed_per_item", "items_to_skip",
+           "item_chains", "merge_chains", "split_load", "LoadSplit", "leading_computed", "compute_order_hint"]
 
 
 def chain_length(items: Sequence[Sequence[Hashable]], disk: Sequence[Hashable]) -> int:
@@ -96,6 +120,159 @@ def computed_per_item(items: Sequence[Sequence[Hashable]], computed: int, avail:
     return [min(_common(items[0][:computed], ch), avail[k]) for k, ch in enumerate(items)]
 
 
+def item_chains(items: Sequence[Sequence[Hashable]], disk: Collection[Hashable],
+                limits: Sequence[int] | None = None) -> list[int]:
+    """Per item: how many of its leading chunks the compute source may recompute. Chunk ``p`` of item ``k``
+    joins while it is read in the load (in ``disk``: not in host memory), ``p < limits[k]`` (the costs the
+    core sent), and every other item that holds it has the same leading chunks up to it (so a recomputed chunk
+    is a *leading* chunk of every item it serves: the serving core counts a leading run per item). Items that
+    share a prefix share those chunks of their chains (recomputed once)."""
+    sets = [set(ch) for ch in items]
+    out: list[int] = []
+    for k, ch in enumerate(items):
+        lim = len(ch) if limits is None else min(len(ch), limits[k] if k < len(limits) else 0)
+        agree = [(sets[i], _common(ch, items[i])) for i in range(len(items)) if i != k]
+        n = 0
+        while n < lim and ch[n] in disk:
+            c = ch[n]
+            if any(c in held and same <= n for held, same in agree):
+                break
+            n += 1
+        out.append(n)
+    return out
+
+
+def merge_chains(items: Sequence[Sequence[H]], chains: Sequence[int],
+                 cost_s: Sequence[Sequence[float]]) -> tuple[list[H], list[float]]:
+    """The load's one compute order over every item's chain: repeatedly the cheapest next chunk of any item
+    (ties: the earlier item), each item's chunks in prefix order, a chunk its items share taken once (at the
+    cost of the first item that reaches it). Returns the chunks and each one's GPU seconds. Per-item costs grow
+    with position, so the order's first ``m`` chunks are the ``m`` cheapest the prefix rule allows."""
+    order: list[H] = []
+    costs: list[float] = []
+    placed: set[H] = set()
+    heap: list[tuple[float, int, int]] = []
+    for k, n in enumerate(chains):
+        if n > 0:
+            heapq.heappush(heap, (cost_s[k][0], k, 0))
+    while heap:
+        c, k, p = heapq.heappop(heap)
+        chunk = items[k][p]
+        if chunk not in placed:
+            placed.add(chunk)
+            order.append(chunk)
+            costs.append(c)
+        if p + 1 < chains[k]:
+            heapq.heappush(heap, (cost_s[k][p + 1], k, p + 1))
+    return order, costs
+
+
+def compute_order_hint(items: Sequence[Sequence[H]], cost_s: Sequence[Sequence[float]],
+                       in_memory: Collection[H] = ()) -> list[H]:
+    """A load's chunks (deduplicated) in the order :func:`split_load` would give its read step, as far as it is
+    known before the read is planned (``in_memory``: the chunks host memory holds now). For a driver that
+    cannot reorder the step itself (replay hands ``Store.read_chunks`` its keys in this order): the merged
+    chain first, then the rest in item order."""
+    everything: list[H] = []
+    seen: set[H] = set()
+    for ch in items:
+        for c in ch:
+            if c not in seen:
+                seen.add(c)
+                everything.append(c)
+    disk = seen - set(in_memory)
+    chains = item_chains(items, disk, [len(c) for c in cost_s])
+    head, _ = merge_chains(items, chains, cost_s)
+    first = set(head)
+    return head + [c for c in everything if c not in first]
+
+
+@dataclass(frozen=True, slots=True)
+class LoadSplit:
+    """How one load is read and recomputed (:func:`split_load`). ``order[j]``: the index in the driver's disk
+    list of the read step's chunk ``j`` (the chunks left to the GPU are not in it); the step's first ``chain``
+    chunks are the merged chain (``cost_s``: their GPU seconds); ``plan``: the compute source's plan over them
+    (None: the tiers alone); ``fronts[k]``: item ``k``'s chunks before the plan's estimated meeting point (the
+    split the policy chose for it); ``leave``: item -> its first disk chunk, for items recomputed from there in
+    the step's prefill instead of read (the split's other end for an item with no chain)."""
+
+    order: tuple[int, ...]
+    chain: int
+    cost_s: tuple[float, ...]
+    plan: ComputePlan | None
+    fronts: tuple[int, ...]
+    leave: Mapping[int, int] = field(default_factory=dict)
+
+
+def split_load(policy: "ComputePolicy", items: Sequence[Sequence[Hashable]], disk: Sequence[Hashable],
+               holders: Sequence[Collection[int]], cost_s: Sequence[Sequence[float]], chunk_bytes: int,
+               *, reorder: bool = True) -> LoadSplit:
+    """Every request of a load gets its own front/back split (module docstring). ``items``: each request's
+    available chunks, in prefix order; ``disk``: the load's chunks to read (deduplicated), ``holders[i]`` the
+    tiers holding ``disk[i]``; ``cost_s[k]``: item ``k``'s GPU seconds per chunk (empty: it may not recompute).
+    An item with no chain (its first chunk in host memory) whose disk chunks no other item needs is left to
+    the step's prefill whole when the GPU recomputes it sooner than the tiers read it (``leave``; the split's
+    other end, :meth:`ComputePolicy.skip`). ``reorder=False`` (a driver whose read step keeps ``disk``'s order):
+    the chain is the longest run at the head of the chunks read that is the merged order's head. Both drivers
+    call this, the simulator's store and replay's."""
+    idx = {c: i for i, c in enumerate(disk)}
+    chains = item_chains(items, idx, [len(c) for c in cost_s])
+    leave = _leave(policy, items, chains, idx, holders, cost_s, chunk_bytes)
+    dropped = {idx[c] for k, first in leave.items() for c in items[k][first:] if c in idx}
+    kept = [i for i in range(len(disk)) if i not in dropped]
+    head, costs = merge_chains(items, chains, cost_s)  # a left item has no chain, nor shares a chunk
+    if reorder:
+        first = [idx[c] for c in head]
+        taken = set(first)
+        order = tuple(first + [i for i in kept if i not in taken])
+    else:
+        n = 0
+        while n < len(head) and n < len(kept) and disk[kept[n]] == head[n]:
+            n += 1
+        head, costs = head[:n], costs[:n]
+        order = tuple(kept)
+    tiers = sorted(set().union(*(set(holders[i]) for i in order))) if order else None
+    plan = policy.plan(costs, [chunk_bytes] * len(order), tiers) if head else None
+    front = set(head[: plan.front]) if plan is not None else set()
+    fronts = tuple(sum(1 for c in ch if c in front) for ch in items)
+    return LoadSplit(order=order, chain=len(head), cost_s=tuple(costs), plan=plan, fronts=fronts, leave=leave)
+
+
+def _leave(policy: "ComputePolicy", items: Sequence[Sequence[Hashable]], chains: Sequence[int],
+           idx: Mapping[Hashable, int], holders: Sequence[Collection[int]], cost_s: Sequence[Sequence[float]],
+           chunk_bytes: int) -> dict[int, int]:
+    """Items with no chain to recompute whole rather than read (see :func:`split_load`): item -> first disk
+    chunk."""
+    uses = Counter(c for ch in items for c in set(ch) if c in idx)
+    out: dict[int, int] = {}
+    for k, ch in enumerate(items):
+        if chains[k] or k >= len(cost_s) or not cost_s[k]:
+            continue
+        mine = [j for j, c in enumerate(ch) if c in idx]
+        if not mine or any(uses[ch[j]] > 1 for j in mine):
+            continue
+        first = mine[0]
+        tiers = sorted(set().union(*(set(holders[idx[ch[j]]]) for j in mine)))
+        if policy.skip(cost_s[k][first:], (len(ch) - first) * chunk_bytes, tiers):
+            out[k] = first
+    return out
+
+
+def leading_computed(items: Sequence[Sequence[Hashable]], computed: Collection[Hashable],
+                     avail: Sequence[int]) -> list[int]:
+    """Per item: how many of its leading chunks the GPU recomputed (``computed``: the chunks it recomputed),
+    at most ``avail[k]`` (its leading chunks available at all). A recomputed chunk past an item's leading run
+    (behind one a tier delivered) is staged for that item as if loaded: the serving core counts a leading run."""
+    out = []
+    for k, ch in enumerate(items):
+        n = 0
+        lim = min(len(ch), avail[k])
+        while n < lim and ch[n] in computed:
+            n += 1
+        out.append(n)
+    return out
+
+
 def best_split(cost_s: Sequence[float], rest_bytes: Sequence[int], bandwidth: float) -> int:
     """The number ``m`` of leading chunks to recompute that minimizes ``max(sum(cost_s[:m]), read time of the
     others)``, where the others are ``rest_bytes[m:]`` plus the chunks past the chain (``rest_bytes`` covers
@@ -116,15 +293,16 @@ def best_split(cost_s: Sequence[float], rest_bytes: Sequence[int], bandwidth: fl
     return best_m
 
 
-def gpu_share(running: int, max_running: int, blocking: bool) -> float:
+def gpu_share(running: int, max_running: int, blocking: bool, busy: float = 0.0) -> float:
     """The share of the GPU a recompute may use. A blocking load holds the whole step (the GPU waits for it):
-    all of it. A load behind running work competes with it: the free share of the batch, 0 when the batch is
-    full (compute backs off entirely)."""
+    all of it. A load behind running work competes with it (other requests' prefill and decodes): the smaller
+    of the batch's free share and the GPU's idle share (``busy``: the fraction of recent time it ran steps), 0
+    when the batch is full or the GPU never idles (compute backs off entirely)."""
     if blocking:
         return 1.0
     if max_running <= 0:
         return 0.0
-    return max(0.0, 1.0 - running / max_running)
+    return max(0.0, min(1.0 - running / max_running, 1.0 - busy))
 
 
 @dataclass
@@ -180,6 +358,17 @@ class ComputePolicy:
         use = list(use)
         bw = tuple(float(self.bandwidth[t] or 0.0) if t in set(use) else 0.0 for t in range(self.n_tiers))
         return ComputePlan(cost_s=tuple(cost_s), bandwidth=bw, front=m, margin=self.margin)
+
+    def estimate(self, cost_s: Sequence[float], nbytes: Sequence[int], tiers: Sequence[int] | None = None) -> int:
+        """The front :meth:`plan` would give these chunks now (0: none), without counting a plan: what a
+        scheduler is told of a request whose load has not started."""
+        if len(cost_s) < self.min_chunks or not cost_s:
+            return 0
+        use = range(self.n_tiers) if tiers is None else tiers
+        bws = [self.bandwidth[t] for t in use]
+        if any(b is None for b in bws):
+            return len(cost_s) // 2
+        return best_split(cost_s, nbytes, sum(b for b in bws if b))
 
     def skip(self, cost_s: Sequence[float], nbytes: int, tiers: Sequence[int]) -> bool:
         """Whether to recompute a whole item rather than read its ``nbytes`` (see the module docstring)."""

@@ -287,7 +287,8 @@ FIELD_DOCS: dict[str, str] = {
                                 "(at least 1 MiB)",
     "StoreConfig.router": "how a step's reads are split over tiers: `mitm` | `mitm:M` | `fixed:R` | `single:NAME`",
     "StoreConfig.replication": "which tiers get a copy of each chunk: `full` | `single` | `partial:F` | `lazy` | "
-                               "`selective`",
+                               "`selective`. With `full` and a `shared` tier after the first, a chunk read without "
+                               "a copy on the first tier (another node's) gets one there (read-through)",
     "StoreConfig.io_engine": "`uring` | `threads` | `auto`",
     "StoreConfig.memory_eviction": "eviction policy of the host-memory tier (`lru`, `hit-potential`, ...)",
     "StoreConfig.verify_reads": "check each payload's checksum before returning it",

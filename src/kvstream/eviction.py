@@ -51,7 +51,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from sortedcontainers import SortedDict
+from sortedcontainers import SortedDict  # type: ignore[import-untyped]  # no stubs published
 
 __all__ = [
     "AccessMeta",
@@ -206,7 +206,8 @@ class LFUPolicy(EvictionPolicy):
     def victim(self, *, now: float = 0.0) -> Hashable | None:
         if not self._buckets:
             return None
-        return next(iter(self._buckets.peekitem(0)[1]))
+        key: Hashable = next(iter(self._buckets.peekitem(0)[1]))
+        return key
 
     def __len__(self) -> int:
         return len(self._count)
@@ -311,10 +312,13 @@ class _ProtectedLRU(EvictionPolicy):
                 del self._session_keys[session]
 
     def victim(self, *, now: float = 0.0) -> Hashable | None:
+        key: Hashable
         if self._free:
-            return self._free.peekitem(0)[1]
+            key = self._free.peekitem(0)[1]
+            return key
         if self._held:
-            return self._held.peekitem(0)[1]
+            key = self._held.peekitem(0)[1]
+            return key
         return None
 
     def __len__(self) -> int:
@@ -440,7 +444,7 @@ class BeladyPolicy(EvictionPolicy):
     def __init__(self, next_use: Callable[[Hashable, float], float]) -> None:
         self._next_use = next_use
         self._entry: dict[Hashable, tuple[float, int]] = {}  # key -> (next use, seq) as last computed
-        self._heap: list[tuple[float, int, Any]] = []  # (-next use, -seq, key); stale rows skipped lazily
+        self._heap: list[tuple[float, int, Hashable]] = []  # (-next use, -seq, key); stale rows skipped lazily
         self._seq = 0
 
     def _push(self, key: Hashable, now: float) -> None:
@@ -640,7 +644,7 @@ class _Group:
 
     def __init__(self, unknown_bin: int) -> None:
         self.keys: dict[Hashable, int] = {}  # resident key -> tail order (position * 2^32 + seq)
-        self.heap: list[tuple[int, Any]] = []  # (-tail order, key), lazy: a row is live iff keys[key] matches
+        self.heap: list[tuple[int, Hashable]] = []  # (-tail order, key), lazy: a row is live iff keys[key] matches
         self.bin: int = unknown_bin  # answer-length bin of its latest visit (the last index: unknown)
         self.visit: Hashable = None  # identity of its latest visit (round index, or a counter)
         self.known: bool = False  # its latest visit had an answer length (so its next distance is a sample)

@@ -30,11 +30,15 @@ class CircuitBreaker:
             self.state = "half-open"
         return self.state != "open"
 
-    def on_success(self) -> None:
+    def on_success(self) -> bool:
+        """A read succeeded. Returns True if that closed an open or half-open breaker (the tier recovered: what
+        was measured of it while it failed, such as its read bandwidth, no longer describes it)."""
         self.failures = 0
         if self.state != "closed":
             self.state = "closed"
             self._current_cooldown = 0.0
+            return True
+        return False
 
     def on_failure(self, now: float) -> None:
         self.failures += 1

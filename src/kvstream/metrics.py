@@ -15,16 +15,18 @@ through ``PROMETHEUS_MULTIPROC_DIR``, which carries Counter/Gauge/Histogram obje
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
+from typing import Protocol
 
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import REGISTRY, CollectorRegistry
+
+from kvstream.stats import StoreStats
 
 __all__ = ["StoreCollector", "register"]
 
 _PREFIX = "kvstream_"
 
-# stats()["tiers"][name] key -> (metric suffix, help, kind)
+# TierStats field -> (metric suffix, help, kind)
 _TIER_SERIES = {
     "read_bytes": ("tier_read_bytes", "Bytes read from the tier (verified, duplicates included)", "counter"),
     "read_chunks": ("tier_read_chunks", "Chunks read from the tier", "counter"),
@@ -46,9 +48,14 @@ _TIER_SERIES = {
     "capacity_bytes": ("tier_capacity_bytes", "Configured capacity of the tier", "gauge"),
     "read_latency_p50_s": ("tier_read_latency_p50_seconds", "Median per-chunk read latency (recent reads)", "gauge"),
     "read_latency_p99_s": ("tier_read_latency_p99_seconds", "P99 per-chunk read latency (recent reads)", "gauge"),
+    "write_latency_p50_s": ("tier_write_latency_p50_seconds",
+                            "Median per-chunk write latency, hand-over to publish (recent writes)", "gauge"),
+    "write_latency_p99_s": ("tier_write_latency_p99_seconds",
+                            "P99 per-chunk write latency, hand-over to publish (recent writes)", "gauge"),
     "read_window_bytes": ("tier_read_window_bytes", "Bytes of reads the tier may have in flight in a step (read_windows)", "gauge"),
     "write_backlog_bytes": ("tier_write_backlog_bytes", "Bytes of the tier's writes submitted and not finished", "gauge"),
 }
+# StoreStats field -> (metric suffix, help, kind)
 _STORE_SERIES = {
     "puts": ("puts", "Chunks put", "counter"),
     "put_bytes": ("put_bytes", "Payload bytes put", "counter"),
@@ -65,7 +72,7 @@ _STORE_SERIES = {
     "write_amplification": ("write_amplification", "Bytes written to all tiers / bytes put", "gauge"),
 }
 
-# stats()["memory"] key -> (metric suffix, help, kind)
+# MemoryStats field -> (metric suffix, help, kind)
 _MEMORY_SERIES = {
     "used_bytes": ("memory_used_bytes", "Host-memory tier bytes held", "gauge"),
     "capacity_bytes": ("memory_capacity_bytes", "Configured size of the host-memory tier", "gauge"),
@@ -74,46 +81,56 @@ _MEMORY_SERIES = {
 }
 
 
+class _HasStats(Protocol):
+    def stats(self) -> StoreStats: ...
+
+
+def _family(kind: str, name: str, doc: str, labels: list[str]) -> CounterMetricFamily | GaugeMetricFamily:
+    return (CounterMetricFamily if kind == "counter" else GaugeMetricFamily)(_PREFIX + name, doc, labels=labels)
+
+
+def _value(v: object) -> float:
+    """A figure as a sample value: None (no reading yet, e.g. a latency before the first read) is NaN."""
+    return float(v) if isinstance(v, (int, float)) else float("nan")
+
+
 class StoreCollector:
     """Collects one store's ``stats()`` into metric families; ``labels`` are added to every series."""
 
-    def __init__(self, store: Any, labels: dict[str, str] | None = None) -> None:
+    def __init__(self, store: _HasStats, labels: dict[str, str] | None = None) -> None:
         self.store = store
         self.labels = dict(labels or {})
 
-    def describe(self) -> list[Any]:
+    def describe(self) -> list[Metric]:
         return []  # generated at collect time; no fixed description needed
 
-    def collect(self) -> Iterator[Any]:
+    def collect(self) -> Iterator[Metric]:
         if getattr(self.store, "_closed", False):
             return
         st = self.store.stats()
         lk = list(self.labels)
         lv = list(self.labels.values())
         for key, (name, doc, kind) in _STORE_SERIES.items():
-            fam = (CounterMetricFamily if kind == "counter" else GaugeMetricFamily)(_PREFIX + name, doc, labels=lk)
-            fam.add_metric(lv, float(st.get(key) or 0.0))
+            fam = _family(kind, name, doc, lk)
+            fam.add_metric(lv, _value(getattr(st, key)))
             yield fam
-        memory = st["memory"]
         for key, (name, doc, kind) in _MEMORY_SERIES.items():
-            fam = (CounterMetricFamily if kind == "counter" else GaugeMetricFamily)(_PREFIX + name, doc, labels=lk)
-            fam.add_metric(lv, float(memory.get(key) or 0.0))
+            fam = _family(kind, name, doc, lk)
+            fam.add_metric(lv, _value(getattr(st.memory, key)))
             yield fam
         for key, (name, doc, kind) in _TIER_SERIES.items():
-            fam = (CounterMetricFamily if kind == "counter" else GaugeMetricFamily)(
-                _PREFIX + name, doc, labels=lk + ["tier"])
-            for tier, t in st["tiers"].items():
-                value = t.get(key)
-                fam.add_metric(lv + [tier], float(value) if value is not None else float("nan"))
+            fam = _family(kind, name, doc, lk + ["tier"])
+            for tier, t in st.tiers.items():
+                fam.add_metric(lv + [tier], _value(getattr(t, key)))
             yield fam
         circuit = GaugeMetricFamily(_PREFIX + "tier_circuit_open", "1 while the tier's circuit breaker is open",
                                     labels=lk + ["tier"])
-        for tier, t in st["tiers"].items():
-            circuit.add_metric(lv + [tier], 1.0 if t["circuit"] == "open" else 0.0)
+        for tier, t in st.tiers.items():
+            circuit.add_metric(lv + [tier], 1.0 if t.circuit == "open" else 0.0)
         yield circuit
 
 
-def register(store: Any, *, registry: CollectorRegistry = REGISTRY, labels: dict[str, str] | None = None
+def register(store: _HasStats, *, registry: CollectorRegistry = REGISTRY, labels: dict[str, str] | None = None
              ) -> StoreCollector:
     """Register a collector for ``store``; returns it (``registry.unregister(c)`` to remove)."""
     c = StoreCollector(store, labels)

@@ -57,8 +57,9 @@ A chunk is PENDING until exactly one of: DELIVERED (one Deliver), LOST (one Lost
 naming the read, the event and the state.
 
 Compute joins the meeting (a :class:`ComputePlan`, from :class:`kvstream.compute.ComputePolicy`): the GPU is a
-third source. It recomputes the step's first ``len(plan.cost_s)`` chunks (the *chain*: one request's prefix,
-in order) one at a time, from the front: a chunk can only be recomputed once the ones before it are, so it
+third source. It recomputes the step's first ``len(plan.cost_s)`` chunks (the *chain*: the fronts of the load's
+requests merged into one order that keeps each request's prefix order, :func:`kvstream.compute.split_load`)
+one at a time, from the front: a chunk can only be recomputed once the ones before it are, so it
 claims chunk 0, then 1, ... (passing over chunks a tier has delivered: they are there) and stops for good at
 the chain's end, at a lost chunk, or at a chunk whose compute would end after the tiers are expected to have
 read everything else (``cost_s[j] * (1 + margin)`` over
@@ -218,8 +219,8 @@ Action = Open | Submit | Deliver | Release | Lost | Busy | Stalled | Compute
 class ComputePlan:
     """What the step's compute source may do (decided by :class:`kvstream.compute.ComputePolicy`).
 
-    ``cost_s[j]``: GPU seconds to recompute chunk ``j`` of the step (``j < len(cost_s)``: the chain, one
-    request's prefix in order; cost grows with position). ``bandwidth``: the tiers' read bytes/s as last
+    ``cost_s[j]``: GPU seconds to recompute chunk ``j`` of the step (``j < len(cost_s)``: the chain, the load's
+    requests' fronts merged, each in prefix order; cost grows with position). ``bandwidth``: the tiers' read bytes/s as last
     measured (the claim rule). ``front``: the estimated meeting point, given to the router as ``front`` (the
     step itself only uses it as a report). ``margin``: compute claims a chunk only if it ends this much before
     the tiers' expected end (estimates err; a late compute would hold the whole step)."""

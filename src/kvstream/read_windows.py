@@ -58,6 +58,9 @@ class ReadWindows:
         """The policy's current estimate of the tier's read bytes per busy second (None: none kept)."""
         return None
 
+    def forget(self, tier: int) -> None:
+        """The tier recovered from a fault: drop what was measured of it (fixed: nothing kept)."""
+
 
 class FixedWindows(ReadWindows):
     """The configured windows, whatever the tiers' speeds (the paper's fixed per-tier in-flight depth)."""
@@ -90,16 +93,22 @@ class BandwidthBalancedWindows(ReadWindows):
     def bandwidth_estimate(self, tier: int) -> float | None:
         return self.bandwidth[tier]
 
+    def forget(self, tier: int) -> None:
+        # A stall or an EIO storm pulls the estimate toward zero, and the EWMA would take many steps to climb
+        # back: meanwhile the other tier steals the recovered tier's chunks. Unmeasured, the tier gets its full
+        # window and its next step's sample sets the estimate afresh.
+        self.bandwidth[tier] = None
+
     def window(self, tier: int) -> int:
-        bws = self.bandwidth
-        if len(bws) == 1 or any(b is None for b in bws):
+        bws = [b for b in self.bandwidth if b is not None]
+        if len(self.bandwidth) == 1 or len(bws) < len(self.bandwidth):
             return self.budgets[tier]
         # The drain time every window is sized to: the fastest tier's full window.
-        fastest = max(range(len(bws)), key=lambda t: bws[t])  # type: ignore[arg-type]
+        fastest = max(range(len(bws)), key=lambda t: bws[t])
         if not bws[fastest]:
             return self.budgets[tier]  # nothing measured moving yet
-        drain_s = self.budgets[fastest] / bws[fastest]  # type: ignore[operator]
-        want = int(bws[tier] * drain_s)  # type: ignore[operator]
+        drain_s = self.budgets[fastest] / bws[fastest]
+        want = int(bws[tier] * drain_s)
         return max(min(want, self.budgets[tier]), min(self.min_bytes, self.budgets[tier]))
 
 

@@ -164,6 +164,12 @@ class Reader:
         for key, hs in zip(keys, holders):
             size = store.tiers[hs[0]].file_size(key) if hs else None
             sizes.append(HEADER_BYTES if mode == "headers" else (size or HEADER_BYTES))
+        for t in range(n_t):
+            if store.health[t].state == "half-open":
+                # A probe: what was measured of the tier while it failed (a stall drives its speed estimate
+                # toward zero) would shrink its window to one chunk and let the other tier's steals take even
+                # that, so the probe would prove nothing. Unmeasured, it gets its full window and its share.
+                store.read_windows.forget(t)
         windows = store.read_windows.windows()
         in_place = None
         in_place_tier = -1
@@ -247,9 +253,9 @@ class Reader:
             leftovers = [t for rid, t in call.tags.items()
                          if step.reads[rid].state is ReadState.ABANDONED and not t.late]
             with self._straggler_lock:
-                for t in leftovers:
-                    t.late = True
-                    self._stragglers[t.tier][id(t)] = [t.started, False]
+                for tag in leftovers:
+                    tag.late = True
+                    self._stragglers[tag.tier][id(tag)] = [tag.started, False]
         for t in range(len(self.store.tiers)):
             self.store.tiers[t].counters.read_busy_s += step.busy_s[t]
 
@@ -299,10 +305,10 @@ class Reader:
             self._submit(call, call.tags[a.read], a)
             self._want_open_ahead(call, call.tags[a.read].tier)
         elif isinstance(a, Release):
-            tag = call.tags.get(a.read)
-            if tag is not None and call.step.reads[a.read].state is ReadState.DUPLICATE:
-                self.store.tiers[tag.tier].counters.duplicate_chunks += 1  # read, checked, not needed
-            self._release(call, tag, late=a.late)
+            landed = call.tags.get(a.read)
+            if landed is not None and call.step.reads[a.read].state is ReadState.DUPLICATE:
+                self.store.tiers[landed.tier].counters.duplicate_chunks += 1  # read, checked, not needed
+            self._release(call, landed, late=a.late)
         elif isinstance(a, Stalled):
             self.store._c["stalled_reads"] += 1
             self.store.health[a.tier].on_failure(time.monotonic())
@@ -421,7 +427,8 @@ class Reader:
 
     def _on_complete(self, call: _Call, op: IOOp) -> None:
         """On the ring thread: one op of a read is done; when its last is, the step hears that it landed."""
-        tag: _Tag = op.tag
+        tag = op.tag
+        assert isinstance(tag, _Tag)
         with call.mu:
             tag.parts -= 1
             if tag.result >= 0:
@@ -463,6 +470,10 @@ class Reader:
                 self._stragglers[tag.tier].pop(id(tag), None)
             if tag.result > 0:
                 store.tiers[tag.tier].counters.duplicate_chunks += 1
+                # A probe read that lost its race to the other replica still shows the tier answers again.
+                health = store.health[tag.tier]
+                if tag.result >= tag.nbytes and health.state == "half-open" and health.on_success():
+                    store.read_windows.forget(tag.tier)
             elif tag.result < 0 and -tag.result not in _GONE:
                 # Nobody waited for this read (the other replica won), but the tier still failed it: the breaker
                 # must hear of it, or a tier that only ever loses races would never be taken out.
@@ -520,7 +531,8 @@ class Reader:
         c.read_bytes += tag.result
         c.read_chunks += 1
         c.note_latency(tag.latency)
-        store.health[tag.tier].on_success()
+        if store.health[tag.tier].on_success():  # recovered: its speed estimate still carries the fault
+            store.read_windows.forget(tag.tier)
         store._remember_meta(header)
         tag.header = header
         return True

@@ -14,6 +14,12 @@ debts of its last moments (those chunks keep their first copy; ``kvstream verify
 policy says is missing). Nothing read from the journal is trusted: a line that is not a known tier and a hex
 key of 1..64 bytes is skipped.
 
+When the first tier is the one failing, its journal fails with it, and the debts owed *to* it are exactly the
+ones to keep. The journal then moves to a fallback on another tier (``owed/<node uid>.log`` there: a shared
+tier's folder is every node's, so it is named by the node's unique id): the whole set is written there and
+appends go on there. At open every journal found is read and the set is compacted into the first one that can
+be written; the others are removed once it is.
+
 Why full replication is checked by a scan too: a store that crashed before its journal reached the disk, or an
 operator's ``verify --repair``, can find debts from the indexes alone (every chunk on the primary tier, not on
 a tier that full replication also writes). :func:`full_replication_deficits` is that scan.
@@ -39,14 +45,19 @@ log = logging.getLogger("kvstream.store")
 class OwedReplicas:
     """The set of (tier name, key) copies owed, with its journal. Thread-safe."""
 
-    def __init__(self, folder: Path | None, node_id: str, tier_names: Iterable[str]) -> None:
+    def __init__(self, folder: Path | None, node_id: str, tier_names: Iterable[str], *,
+                 fallback: Path | None = None) -> None:
+        """``folder``/``node_id``.log is the journal; ``fallback`` (a file on another tier) takes over when it
+        cannot be written (module docstring)."""
         self._lock = threading.Lock()
         self._tiers = list(tier_names)
         self._owed: dict[str, dict[bytes, None]] = {t: {} for t in self._tiers}  # insertion-ordered sets
         self._fd: int | None = None
         self.journal_errors = 0
-        self.path = folder / f"{node_id}.log" if folder is not None else None
-        if self.path is not None:
+        self._candidates = [p for p in (folder / f"{node_id}.log" if folder is not None else None, fallback)
+                            if p is not None]
+        self.path: Path | None = None  # the journal in use (None: debts in memory only)
+        if self._candidates:
             self._load_and_compact()
 
     # -- the set ---------------------------------------------------------------------------------------------
@@ -67,7 +78,7 @@ class OwedReplicas:
     def oldest(self, tier: str, n: int) -> list[bytes]:
         """Up to ``n`` debts of ``tier``, oldest first (they stay owed until :meth:`paid`)."""
         with self._lock:
-            out = []
+            out: list[bytes] = []
             for k in self._owed[tier]:
                 if len(out) >= n:
                     break
@@ -90,21 +101,56 @@ class OwedReplicas:
             return
         try:
             os.write(self._fd, line.encode())
-        except OSError as exc:  # a full or failing first tier: the debt is still owed in memory
+        except OSError as exc:  # a full or failing tier under the journal: the debt is still owed in memory
             self.journal_errors += 1
             if self.journal_errors in (1, 100):
-                log.warning("owed replicas %s: journal append failed (%s); debts are kept in memory",
-                            self.path, exc.strerror or exc)
+                log.warning("owed replicas %s: journal append failed (%s)", self.path, exc.strerror or exc)
+            self._move_on()
+
+    def _move_on(self) -> None:
+        """The journal in use failed: rewrite the whole set into the next candidate (caller holds the lock)."""
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        later = self._candidates[self._candidates.index(self.path) + 1:] if self.path in self._candidates else []
+        for path in later:
+            if self._rewrite(path):
+                log.warning("owed replicas: journal moved to %s", path)
+                return
+        log.warning("owed replicas: no journal can be written; debts are kept in memory only")
+        self.path = None
+
+    def _rewrite(self, path: Path) -> bool:
+        """Write the current set to ``path`` (atomically) and append there from now on."""
+        try:
+            path.parent.mkdir(mode=0o700, exist_ok=True)  # as the tier's own folders
+            body = "".join(f"+{t} {k.hex()}\n" for t, d in self._owed.items() for k in d).encode()
+            tmp = path.with_suffix(".tmp")
+            with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "wb") as f:
+                f.write(body)
+            os.replace(tmp, path)
+            self._fd = os.open(path, os.O_WRONLY | os.O_APPEND)
+        except OSError as exc:
+            log.warning("owed replicas %s: journal unusable (%s)", path, exc.strerror or exc)
+            return False
+        self.path = path
+        return True
 
     def _load_and_compact(self) -> None:
-        assert self.path is not None
-        try:
-            self.path.parent.mkdir(mode=0o700, exist_ok=True)  # as the tier's own folders
+        readable = []
+        for path in self._candidates:  # every journal a past run left (the fallback holds the newest debts)
             try:
-                with open(self.path, "rb") as f:
+                with open(path, "rb") as f:
                     data = f.read(64 << 20)  # a journal past 64 MiB is damaged or foreign: read what fits
             except FileNotFoundError:
-                data = b""
+                continue
+            except OSError as exc:
+                log.warning("owed replicas %s: journal unreadable (%s)", path, exc.strerror or exc)
+                continue
+            readable.append(path)
             for raw in data.split(b"\n"):
                 parsed = self._parse(raw)
                 if parsed is None:
@@ -114,15 +160,16 @@ class OwedReplicas:
                     self._owed[tier][key] = None
                 else:
                     self._owed[tier].pop(key, None)
-            body = "".join(f"+{t} {k.hex()}\n" for t, d in self._owed.items() for k in d).encode()
-            tmp = self.path.with_suffix(".tmp")
-            with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "wb") as f:
-                f.write(body)
-            os.replace(tmp, self.path)
-            self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND)
-        except OSError as exc:
-            log.warning("owed replicas %s: journal unusable (%s); debts are kept in memory only",
-                        self.path, exc.strerror or exc)
+        for path in self._candidates:
+            if self._rewrite(path):
+                for old in readable:
+                    if old != path:
+                        try:
+                            os.unlink(old)
+                        except OSError:
+                            pass  # read again at the next open: a debt owed twice is paid once
+                return
+        log.warning("owed replicas: no journal can be written; debts are kept in memory only")
 
     def _parse(self, raw: bytes) -> tuple[str, str, bytes] | None:
         try:

@@ -17,6 +17,15 @@ Three policies behind one protocol:
   ``staging_bytes`` and at most ``max_loading`` loads are in flight. A load's request takes its arrival-order place
   in the ready queue when the driver reports it finished.
 
+*Partly ready* requests (compute joins the meet-in-the-middle, :mod:`kvstream.compute`): a driver whose GPU can
+recompute a request's front while the tiers read its back says how many of its disk bytes that front is
+(``RequestInfo.compute_bytes``, or later :meth:`Scheduler.on_split`). That front is compute work the GPU can do
+now, not disk work: the request waits on the disk for its back only. Bidaw's disk-HRRN ranks it by those bytes
+(``1 + waiting_time / (disk_bytes - compute_bytes)``), so it is loaded (and then admitted) ahead of a fully
+preparing request exactly when that ratio is the higher, and staging holds its back only (the front goes to the
+GPU, not to host memory). Its state is still PREPARING / LOADING (one lifecycle); :meth:`Scheduler.partly_ready`
+says which. FCFS-style policies keep arrival order; their staging counts the back only too.
+
 :meth:`Scheduler.window_sessions` tells a queue-aware eviction policy (:class:`~kvstream.eviction.QueueAwarePolicy`)
 the sessions of the first waiting requests, in the order the policy will serve them.
 
@@ -31,6 +40,7 @@ Driving protocol (a discrete-event simulator and a real serving loop do the same
     sched.on_load_finished(7, now=t2)            # the request's disk KV is in host memory
     sched.on_step_finished([3, 5], now=t3)       # after a step: these requests completed and leave
     sched.on_kv_evicted(9, disk_bytes=..., now=t4)  # optional: a waiting READY request lost its KV to eviction
+    sched.on_split(7, compute_bytes=..., now=t5)    # optional: a PREPARING request's recomputable front changed
 
 Call ``schedule`` whenever something changed (arrival, load finished, step finished); it is cheap and idempotent
 when nothing changed. Each call that admits is one step's admission (a fresh prefill-token budget). A driver
@@ -61,6 +71,7 @@ Request lifecycle (one table, checked on every transition; an illegal one raises
     load finished:  LOADING   -> READY
                     RUNNING   -> RUNNING     (a synchronous load completing; nothing changes)
     kv evicted:     READY     -> PREPARING   (its KV must come from disk again)
+    split:          PREPARING -> PREPARING   (its recomputable front changed: compute_bytes)
     step finished:  RUNNING   -> (gone)
 
 Staging memory (``staging_bytes``): the disk bytes of requests whose load was started and which have not yet
@@ -87,7 +98,7 @@ from itertools import islice
 from typing import Any, NamedTuple
 
 import numpy as np
-from sortedcontainers import SortedDict
+from sortedcontainers import SortedDict  # type: ignore[import-untyped]  # no stubs published
 
 from kvstream.errors import UsageError
 
@@ -102,6 +113,7 @@ __all__ = [
     "LoadFinished",
     "StepFinished",
     "KVEvicted",
+    "Split",
     "Scheduler",
     "FCFSScheduler",
     "CachedAttentionScheduler",
@@ -126,6 +138,8 @@ class RequestInfo:
     output_tokens: int = 0  # expected answer length (informational)
     memory_bytes: int = 0  # bytes of its prefix KV already in host memory
     disk_bytes: int = 0  # bytes of its prefix KV that must be read from disk before it can run
+    # of disk_bytes, the front the GPU can recompute while the tiers read the rest (partly ready; kvstream.compute)
+    compute_bytes: int = 0
     session: Hashable | None = None  # conversation id (for queue-aware eviction)
 
     def __post_init__(self) -> None:
@@ -135,6 +149,8 @@ class RequestInfo:
             raise UsageError(f"request {self.request_id!r}: prefill_tokens must be in [0, prompt_tokens]")
         if self.memory_bytes < 0 or self.disk_bytes < 0:
             raise UsageError(f"request {self.request_id!r}: negative KV bytes")
+        if not 0 <= self.compute_bytes <= self.disk_bytes:
+            raise UsageError(f"request {self.request_id!r}: compute_bytes must be in [0, disk_bytes]")
 
     @property
     def compute_tokens(self) -> int:
@@ -171,6 +187,7 @@ class Candidate(NamedTuple):
 
     tokens: int  # tokens the step must compute for it now (>= 0)
     disk_bytes: int = 0  # bytes of its KV that must come from disk now (0: in host memory, or staged by its load)
+    compute_bytes: int = 0  # of disk_bytes, the front the GPU can recompute (partly ready, if it goes back)
 
 
 Check = Callable[[Hashable], "Candidate | None"]  # None: the candidate cannot join this step (admission stops)
@@ -184,6 +201,7 @@ class LoadOrder:
     request_id: Hashable
     nbytes: int  # disk bytes to read
     priority: float  # the order key at decision time (disk-HRRN ratio, or queue position for FCFS-style)
+    compute_bytes: int = 0  # of nbytes, the front the GPU is expected to recompute (partly ready)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -225,9 +243,17 @@ class KVEvicted:
     request_id: Hashable
     disk_bytes: int  # bytes it now needs from disk
     now: float
+    compute_bytes: int = 0  # of those, the front the GPU can recompute
 
 
-Event = Arrival | LoadFinished | StepFinished | KVEvicted
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Split:
+    request_id: Hashable
+    compute_bytes: int  # of its disk bytes, the front the GPU can recompute now
+    now: float
+
+
+Event = Arrival | LoadFinished | StepFinished | KVEvicted | Split
 
 
 def disk_hrrn(waiting_s: float, kv_bytes: int) -> float:
@@ -245,6 +271,7 @@ _LEGAL: dict[str, frozenset[tuple[RequestState | None, RequestState | None]]] = 
     "schedule": frozenset({(_S.PREPARING, _S.LOADING), (_S.READY, _S.RUNNING), (_S.PREPARING, _S.RUNNING)}),
     "load finished": frozenset({(_S.LOADING, _S.READY), (_S.RUNNING, _S.RUNNING)}),
     "kv evicted": frozenset({(_S.READY, _S.PREPARING)}),
+    "split": frozenset({(_S.PREPARING, _S.PREPARING)}),
     "step finished": frozenset({(_S.RUNNING, None)}),
 }
 
@@ -259,6 +286,7 @@ class Scheduler(ABC):
         self._info: dict[Hashable, RequestInfo] = {}
         self._state: dict[Hashable, RequestState] = {}
         self._disk: dict[Hashable, int] = {}  # current disk bytes per waiting request (changes on eviction)
+        self._front: dict[Hashable, int] = {}  # of those, the recomputable front (partly ready); absent: 0
         self._staged: dict[Hashable, int] = {}  # request -> bytes it holds in staging (loaded, not admitted)
         self._staging_used = 0
         self._running: set[Hashable] = set()
@@ -303,6 +331,15 @@ class Scheduler(ABC):
     def _unstage(self, rid: Hashable) -> None:
         self._staging_used -= self._staged.pop(rid, 0)
 
+    def _wait_bytes(self, rid: Hashable) -> int:
+        """The disk bytes the request waits for: its back (its front, if any, is compute the GPU does now)."""
+        return self._disk[rid] - self._front.get(rid, 0)
+
+    def partly_ready(self, request_id: Hashable) -> bool:
+        """Waiting for a load whose front the GPU recomputes (PREPARING or LOADING with compute bytes)."""
+        return (self._state.get(request_id) in (_S.PREPARING, _S.LOADING)
+                and self._front.get(request_id, 0) > 0)
+
     def _fits_staging(self, nbytes: int) -> bool:
         return self._staging_used + nbytes <= self.config.staging_bytes or self._staging_used == 0
 
@@ -311,10 +348,11 @@ class Scheduler(ABC):
 
     def _start_load(self, rid: Hashable, priority: float) -> LoadOrder:
         nbytes = self._disk[rid]
+        front = self._front.get(rid, 0)
         self._move(rid, "schedule", _S.LOADING)
-        self._stage(rid, nbytes)
+        self._stage(rid, nbytes - front)  # the front goes to the GPU, not to host memory
         self._n_loading += 1
-        return LoadOrder(request_id=rid, nbytes=nbytes, priority=priority)
+        return LoadOrder(request_id=rid, nbytes=nbytes, priority=priority, compute_bytes=front)
 
     # -- events -------------------------------------------------------------------------------------------------
     def on_arrival(self, request: RequestInfo, *, now: float) -> None:
@@ -324,6 +362,8 @@ class Scheduler(ABC):
         self._move(rid, "arrival", _S.READY if request.disk_bytes == 0 else _S.PREPARING)
         self._info[rid] = request
         self._disk[rid] = request.disk_bytes
+        if request.compute_bytes:
+            self._front[rid] = request.compute_bytes
         self._seq += 1
         self._order[rid] = (request.arrival, self._seq)
         self._enqueue(rid)
@@ -336,13 +376,34 @@ class Scheduler(ABC):
         self._n_loading -= 1
         self._loaded(request_id)
 
-    def on_kv_evicted(self, request_id: Hashable, *, disk_bytes: int, now: float) -> None:
-        if disk_bytes <= 0:
-            raise UsageError(f"{self.name} scheduler: eviction of request {request_id!r} with {disk_bytes} disk bytes")
+    def on_kv_evicted(self, request_id: Hashable, *, disk_bytes: int, now: float, compute_bytes: int = 0) -> None:
+        if disk_bytes <= 0 or not 0 <= compute_bytes <= disk_bytes:
+            raise UsageError(f"{self.name} scheduler: eviction of request {request_id!r} with {disk_bytes} disk bytes"
+                             f" ({compute_bytes} recomputable)")
         self._move(request_id, "kv evicted", _S.PREPARING)
         self._unstage(request_id)
         self._disk[request_id] = disk_bytes
+        self._set_front(request_id, compute_bytes)
         self._evicted(request_id)
+
+    def on_split(self, request_id: Hashable, *, compute_bytes: int, now: float) -> None:
+        """A PREPARING request's recomputable front changed (the driver's compute policy re-estimated it)."""
+        self._move(request_id, "split", _S.PREPARING)
+        if not 0 <= compute_bytes <= self._disk[request_id]:
+            raise UsageError(f"{self.name} scheduler: request {request_id!r}: compute_bytes {compute_bytes} out of "
+                             f"[0, {self._disk[request_id]}]")
+        if compute_bytes != self._front.get(request_id, 0):
+            self._set_front(request_id, compute_bytes)
+            self._resplit(request_id)
+
+    def _set_front(self, rid: Hashable, compute_bytes: int) -> None:
+        if compute_bytes:
+            self._front[rid] = compute_bytes
+        else:
+            self._front.pop(rid, None)
+
+    def _resplit(self, rid: Hashable) -> None:
+        """Hook: a queued PREPARING request's wait bytes changed (Bidaw re-keys its disk-HRRN entry)."""
 
     def on_step_finished(self, finished: Iterable[Hashable], *, now: float, prefilled: Iterable[Hashable] = ()) -> None:
         """``finished``: requests that completed in the step and leave. ``prefilled``: running requests whose prefill
@@ -359,6 +420,7 @@ class Scheduler(ABC):
             self._running.discard(rid)
             self._info.pop(rid, None)
             self._disk.pop(rid, None)
+            self._front.pop(rid, None)
             self._order.pop(rid, None)
 
     def handle(self, event: Event) -> None:
@@ -370,7 +432,10 @@ class Scheduler(ABC):
         elif isinstance(event, StepFinished):
             self.on_step_finished(event.finished, now=event.now, prefilled=event.prefilled)
         elif isinstance(event, KVEvicted):
-            self.on_kv_evicted(event.request_id, disk_bytes=event.disk_bytes, now=event.now)
+            self.on_kv_evicted(event.request_id, disk_bytes=event.disk_bytes, now=event.now,
+                               compute_bytes=event.compute_bytes)
+        elif isinstance(event, Split):
+            self.on_split(event.request_id, compute_bytes=event.compute_bytes, now=event.now)
         else:
             raise UsageError(f"{self.name} scheduler: unknown event {event!r}")
 
@@ -471,7 +536,8 @@ class FCFSScheduler(Scheduler):
         pass
 
     def _serving_order(self) -> Iterable[Hashable]:
-        return self._queue.values()
+        order: Iterable[Hashable] = self._queue.values()
+        return order
 
     def _head_waits(self, rid: Hashable, state: RequestState) -> bool:
         """True: admission stops at this head (CachedAttention: it waits for its prefetch)."""
@@ -522,7 +588,7 @@ class CachedAttentionScheduler(FCFSScheduler):
     def _head_waits(self, rid: Hashable, state: RequestState) -> bool:
         if state is _S.LOADING:
             return True
-        return state is _S.PREPARING and self.config.window > 0 and self._fits_staging(self._disk[rid])
+        return state is _S.PREPARING and self.config.window > 0 and self._fits_staging(self._wait_bytes(rid))
 
     def _prefetch_window(self) -> list[LoadOrder]:
         out: list[LoadOrder] = []
@@ -531,7 +597,7 @@ class CachedAttentionScheduler(FCFSScheduler):
         for pos, rid in enumerate(islice(self._queue.values(), self.config.window)):
             if self._state[rid] is not _S.PREPARING:
                 continue
-            if not self._can_start_load(self._disk[rid]):
+            if not self._can_start_load(self._wait_bytes(rid)):
                 break  # keep queue order: a later request does not overtake one that cannot start yet
             out.append(self._start_load(rid, float(pos)))
         return out
@@ -624,7 +690,8 @@ class _HRRNQueue:
         return int(cand[np.argmin(self._seq[cand])])
 
     def id_at(self, slot: int) -> Hashable:
-        return self._ids[slot]
+        rid: Hashable = self._ids[slot]
+        return rid
 
 
 class BidawScheduler(Scheduler):
@@ -642,7 +709,7 @@ class BidawScheduler(Scheduler):
             self._ready[self._order[rid]] = rid
         else:
             arrival, seq = self._order[rid]
-            self._preparing.add(rid, arrival, seq, self._disk[rid])
+            self._preparing.add(rid, arrival, seq, self._wait_bytes(rid))  # partly ready: its back only
 
     def _loaded(self, rid: Hashable) -> None:
         self._ready[self._order[rid]] = rid  # takes its arrival-order place among the ready
@@ -650,7 +717,12 @@ class BidawScheduler(Scheduler):
     def _evicted(self, rid: Hashable) -> None:
         del self._ready[self._order[rid]]
         arrival, seq = self._order[rid]
-        self._preparing.add(rid, arrival, seq, self._disk[rid])
+        self._preparing.add(rid, arrival, seq, self._wait_bytes(rid))
+
+    def _resplit(self, rid: Hashable) -> None:
+        self._preparing.remove(rid)
+        arrival, seq = self._order[rid]
+        self._preparing.add(rid, arrival, seq, self._wait_bytes(rid))
 
     def preparing(self) -> int:
         return len(self._preparing)
@@ -676,7 +748,8 @@ class BidawScheduler(Scheduler):
                 if c is None:
                     break
                 if c.disk_bytes > 0:  # its KV left host memory while it waited: back to the preparing queue
-                    self.on_kv_evicted(rid, disk_bytes=c.disk_bytes, now=now)
+                    self.on_kv_evicted(rid, disk_bytes=c.disk_bytes, now=now,
+                                       compute_bytes=min(c.compute_bytes, c.disk_bytes))
                     continue
                 if not room.fits(c.tokens) or (reserve is not None and not reserve(rid)):
                     break  # the batch limits, then the driver's own resources (reserve takes what it checks)
@@ -691,7 +764,7 @@ class BidawScheduler(Scheduler):
             while len(q):
                 slot = q.best(ratios)
                 rid = q.id_at(slot)
-                if not self._can_start_load(self._disk[rid]):
+                if not self._can_start_load(self._wait_bytes(rid)):
                     break  # no backfilling: the top request waits for room, so it cannot be overtaken forever
                 q.remove(rid)
                 loads.append(self._start_load(rid, float(ratios[slot])))

@@ -1,7 +1,8 @@
 """The engine: a host-memory tier over replicated directory tiers, read meet-in-the-middle, written deferred.
 
 Public API (stable): :func:`open_store`, and on :class:`Store`: ``put``, ``flush``, ``contains``, ``lookup``,
-``get_many``, ``read_iter``, ``read_chunks``, ``stats``, ``drain``, ``close`` (and ``with``).
+``get_many``, ``read_iter``, ``read_chunks``, ``stats`` (a :class:`kvstream.stats.StoreStats`), ``observe_writes``,
+``drain``, ``close`` (and ``with``).
 
 Read path (``read_chunks``, ``read_into``, ``get_meta``): memory hits are pinned when the step is planned (a
 view made with the lookup, under the memory lock) and handed out at once; the rest form one read step for the
@@ -48,10 +49,11 @@ from kvstream.health import CircuitBreaker
 from kvstream.io.buffers import CallerBuffer
 from kvstream.io.engine import IOEngine, make_engine
 from kvstream.replica_debt import CatchUp, OwedReplicas
-from kvstream.replication import CopyOrder, ReadObservation, parse_replication
+from kvstream.replication import CopyOrder, FullReplication, ReadObservation, parse_replication
 from kvstream.read_windows import make_read_windows
 from kvstream.removals import Removals
 from kvstream.routing import parse_router
+from kvstream.stats import MemoryStats, StoreStats, TierStats, percentiles
 from kvstream.read_step import ComputePlan, ReadStep
 from kvstream.reader import Reader
 from kvstream.writer import Writer
@@ -162,6 +164,10 @@ class Store:
         names = [t.name for t in self.tiers]
         self.router = parse_router(config.router, names)
         self.replication = parse_replication(config.replication)
+        if isinstance(self.replication, FullReplication) and not self.tiers[0].cfg.shared \
+                and any(t.cfg.shared for t in self.tiers[1:]):
+            # Other nodes' chunks reach this node only through the shared tier: keep what it reads locally.
+            self.replication.read_through = True
         self.memory = HostMemoryTier(config.memory_bytes, config.memory_eviction)
         self.health = [CircuitBreaker() for _ in self.tiers]
         # Smallest window a tier may shrink to: one chunk of the configured size (the read loop always keeps
@@ -184,7 +190,10 @@ class Store:
         self._meta_intern: dict[ChunkMeta, ChunkMeta] = {}  # one ChunkMeta object per distinct shape
         self._reader = Reader(self)
         # Copies the writer had to skip are owed (journal in the first tier's folder) and paid in the background.
-        self.owed = OwedReplicas(self.tiers[0].root / "owed", config.node_id, names)
+        # When the first tier fails, its debts move to a journal on the second (named by the node's unique id).
+        fallback_name = f"{node_uid or config.node_id}.log"
+        fallback = self.tiers[1].root / "owed" / fallback_name if len(self.tiers) > 1 else None
+        self.owed = OwedReplicas(self.tiers[0].root / "owed", config.node_id, names, fallback=fallback)
         self._writer = Writer(self)
         self._catch_up = CatchUp(self, self.owed)
 
@@ -587,16 +596,25 @@ class Store:
         if not orders:
             return
         by_key: dict[bytes, set[int]] = {}
+        ordered = False
         for o in orders:
             by_key.setdefault(o.key, set()).add(o.tier)
         with self._lock:
             for key, ts in by_key.items():
                 e = self.memory.get(key)
                 if e is None:
-                    continue  # not kept in memory (overflow read): the copy waits for the next reuse
+                    # Not kept in host memory (an overflow buffer, or read straight into the caller's buffer, as
+                    # the LMCache plugin does). A copy to the primary is owed: the catch-up reads it back from its
+                    # holder off the serving path. Other copies wait for the next reuse.
+                    if 0 in ts:
+                        self.owed.owe(self.tiers[0].name, key)
+                    continue
                 self.memory.mark_dirty(e)
                 self._writer.enqueue(e, frozenset(ts))
                 self._c["copies_ordered"] += len(ts)
+                ordered = True
+        if ordered:
+            self.flush()  # a node that only reads (a peer's prefixes) may never put: hand the copies over now
 
     # -- administration -------------------------------------------------------------------------------------
     def remove(self, key: bytes) -> bool:
@@ -630,49 +648,65 @@ class Store:
         with self._lock:
             return self.memory.evict_clean()
 
-    def stats(self) -> dict[str, Any]:
-        """Counters for operators and benchmarks; ``write_amplification`` = bytes written / bytes put."""
-        tiers = {}
+    def stats(self) -> StoreStats:
+        """A snapshot of the counters for operators and benchmarks (:mod:`kvstream.stats`; ``.as_dict()`` for
+        JSON); ``write_amplification`` = bytes written / bytes put."""
+        tiers: dict[str, TierStats] = {}
         written = 0
         owed = self.owed.counts()
         for t in self.tiers:
             c = t.counters
             written += c.write_bytes
-            lat = sorted(c.latencies)
-            tiers[t.name] = {
-                "path": str(t.root), "direct_io": t.direct, "chunks": len(t.index), "used_bytes": t.used_bytes,
-                "capacity_bytes": t.cfg.capacity_bytes, "read_bytes": c.read_bytes, "read_chunks": c.read_chunks,
-                "read_busy_s": c.read_busy_s,
-                "read_window_bytes": self.read_windows.window(t.position),
-                "read_gbps_estimate": (bw / 1e9 if (bw := self.read_windows.bandwidth_estimate(t.position)) else None),
-                "read_gbps": c.read_bytes / c.read_busy_s / 1e9 if c.read_busy_s else 0.0,
-                "duplicate_chunks": c.duplicate_chunks, "read_errors": c.read_errors,
-                "corrupt_chunks": c.corrupt_chunks, "missing_files": c.missing_files,
-                "write_bytes": c.write_bytes, "write_chunks": c.write_chunks, "write_errors": c.write_errors,
-                "write_skipped_full": c.write_skipped_full,
-                "write_skipped_unhealthy": c.write_skipped_unhealthy,
-                "write_skipped_backlog": c.write_skipped_backlog, "write_backlog_bytes": self._writer.backlog(t.position), "already_present": c.already_present,
-                "write_retried_nospace": c.write_retried_nospace,
-                "evicted_chunks": c.evicted_chunks, "evicted_bytes": c.evicted_bytes,
-                "read_latency_p50_s": lat[len(lat) // 2] if lat else None,
-                "read_latency_p99_s": lat[min(len(lat) - 1, int(len(lat) * 0.99))] if lat else None,
-                "circuit": self.health[t.position].state, "circuit_opened": self.health[t.position].opened,
-                "index_load_s": t.index.load_seconds, "removed_temporaries": t.removed_temporaries,
-                "replicas_owed": owed[t.name],
-            }
-        c = dict(self._c)
-        return {
-            "io_engine": self.engine.name, "router": self.config.router, "replication": self.config.replication,
-            **c,
-            "write_amplification": written / c["put_file_bytes"] if c["put_file_bytes"] else 0.0,
-            "catch_up_copies": self._catch_up.copies_started, "catch_up_reads": self._catch_up.reads,
-            "memory": {"capacity_bytes": self.memory.capacity_bytes, "used_bytes": self.memory.used_bytes(),
-                       "chunks": len(self.memory), "hits": self.memory.hits, "evictions": self.memory.evictions,
-                       "overflow_buffers": self.memory.overflow_buffers,
-                       "buffer_allocations": self.memory.pool.allocations, "buffer_reuses": self.memory.pool.reuses},
-            "tiers": tiers,
-        }
+            r50, r99 = percentiles(list(c.latencies))
+            w50, w99 = percentiles(self._writer.write_latencies(t.position))
+            bw = self.read_windows.bandwidth_estimate(t.position)
+            breaker = self.health[t.position]
+            tiers[t.name] = TierStats(
+                path=str(t.root), direct_io=t.direct, chunks=len(t.index), used_bytes=t.used_bytes,
+                capacity_bytes=t.cfg.capacity_bytes, read_bytes=c.read_bytes, read_chunks=c.read_chunks,
+                read_busy_s=c.read_busy_s, read_window_bytes=self.read_windows.window(t.position),
+                read_gbps_estimate=bw / 1e9 if bw else None,
+                read_gbps=c.read_bytes / c.read_busy_s / 1e9 if c.read_busy_s else 0.0,
+                duplicate_chunks=c.duplicate_chunks, read_errors=c.read_errors, corrupt_chunks=c.corrupt_chunks,
+                missing_files=c.missing_files, write_bytes=c.write_bytes, write_chunks=c.write_chunks,
+                write_errors=c.write_errors, write_skipped_full=c.write_skipped_full,
+                write_skipped_unhealthy=c.write_skipped_unhealthy, write_skipped_backlog=c.write_skipped_backlog,
+                write_backlog_bytes=self._writer.backlog(t.position), already_present=c.already_present,
+                write_retried_nospace=c.write_retried_nospace, write_retried_stale=c.write_retried_stale,
+                evicted_chunks=c.evicted_chunks, evicted_bytes=c.evicted_bytes,
+                read_latency_p50_s=r50, read_latency_p99_s=r99, write_latency_p50_s=w50, write_latency_p99_s=w99,
+                circuit=breaker.state, circuit_opened=breaker.opened, index_load_s=t.index.load_seconds,
+                removed_temporaries=t.removed_temporaries, replicas_owed=owed.get(t.name, 0),
+            )
+        counts = dict(self._c)  # a copy: other threads keep counting
 
+        def n(name: str) -> int:
+            return int(counts[name])
+
+        mem = self.memory
+        return StoreStats(
+            io_engine=self.engine.name, router=self.config.router, replication=self.config.replication,
+            puts=n("puts"), put_bytes=n("put_bytes"), put_file_bytes=n("put_file_bytes"),
+            puts_duplicate=n("puts_duplicate"), puts_dropped_no_memory=n("puts_dropped_no_memory"),
+            get_chunks=n("get_chunks"), memory_hits=n("memory_hits"), disk_hits=n("disk_hits"),
+            misses=n("misses"), lost_chunks=n("lost_chunks"), read_steps=n("read_steps"),
+            read_seconds=float(counts["read_seconds"]), verify_seconds=float(counts["verify_seconds"]),
+            hedged_reads=n("hedged_reads"), copies_ordered=n("copies_ordered"), flushes=n("flushes"),
+            stalled_reads=n("stalled_reads"), read_into_direct=n("read_into_direct"),
+            read_into_copied=n("read_into_copied"), read_into_abandoned=n("read_into_abandoned"),
+            write_amplification=written / counts["put_file_bytes"] if counts["put_file_bytes"] else 0.0,
+            catch_up_copies=self._catch_up.copies_started, catch_up_reads=self._catch_up.reads,
+            memory=MemoryStats(capacity_bytes=mem.capacity_bytes, used_bytes=mem.used_bytes(), chunks=len(mem),
+                               hits=mem.hits, evictions=mem.evictions, overflow_buffers=mem.overflow_buffers,
+                               buffer_allocations=mem.pool.allocations, buffer_reuses=mem.pool.reuses),
+            tiers=tiers,
+        )
+
+    def observe_writes(self, listener: Callable[[str, float], None] | None) -> None:
+        """Call ``listener(tier_name, seconds)`` after each copy is published, with its write latency (hand-over
+        to the tier's writer thread to publish); on the publisher thread, so it must be quick. None removes it.
+        The same latencies' percentiles are in :meth:`stats` (``write_latency_p50_s``, ``..._p99_s``)."""
+        self._writer.observe(listener)
 
 def open_store(config: "StoreConfig | dict[str, Any] | str | os.PathLike[str]", *,
                engine: IOEngine | None = None) -> Store:

@@ -6,6 +6,9 @@ tier's writer thread, which makes room (eviction), creates the temporary file an
 tier's write ring (separate from its read ring); the completion is handed to the publisher thread (fsync, link,
 index record), so a slow publish never delays the reaping of reads, and a frozen file system never holds the
 caller. An entry stays dirty (never evicted: it may be the only copy) until every copy is written or has failed.
+Each published copy's write latency (from its hand-over to the tier's writer thread to its publish, a retry
+included) is kept per tier (the last few thousand, for ``Store.stats()``'s percentiles) and passed to the
+listener set by :meth:`Writer.observe` (the LMCache plugin's histogram).
 A copy that cannot be written (disk full after eviction and one retry, EIO) is skipped and counted, never
 retried in a loop; a *second* copy is skipped while its tier's unfinished writes exceed ``write_backlog_bytes``.
 A skipped second copy (backlog, open breaker, I/O error) is owed, not dropped: :mod:`kvstream.replica_debt`
@@ -21,6 +24,8 @@ import logging
 import os
 import threading
 import time
+from collections import deque
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -41,6 +46,20 @@ log = logging.getLogger("kvstream.store")
 _ENOSPC, _EDQUOT = 28, 122
 _ESTALE = 116
 _ENFILE, _EMFILE = 23, 24  # this process (or the system) is out of file descriptors: not the tier's fault
+_LATENCIES_KEPT = 4096  # recent write latencies kept per tier (as many as the tiers keep of reads)
+
+WriteListener = Callable[[str, float], None]  # (tier name, seconds from hand-over to publish)
+
+
+@dataclass(frozen=True, slots=True)
+class _WriteTag:
+    """What a write op carries from its submission to its completion (``IOOp.tag``)."""
+
+    tier: DirectoryTier
+    entry: MemEntry
+    tmp: str  # the temporary file the copy is written to, renamed into place at publish
+    attempt: int  # 0, or 1 for the one retry after ENOSPC / ESTALE
+    submitted: float  # perf_counter() when the copy was first handed to the tier's writer
 
 
 @dataclass(eq=False, slots=True)
@@ -67,6 +86,20 @@ class Writer:
         # frozen file system, and one tier's never holds up another's.
         self._writers = [ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"kvs-write-{t.name}")
                          for t in store.tiers]
+        # Recent write latencies per tier (s), appended by the publisher thread, copied under _latency_lock.
+        self._latencies: list[deque[float]] = [deque(maxlen=_LATENCIES_KEPT) for _ in store.tiers]
+        self._latency_lock = threading.Lock()
+        self._listener: WriteListener | None = None
+
+    def observe(self, listener: WriteListener | None) -> None:
+        """Call ``listener(tier_name, seconds)`` after each copy is published (on the publisher thread; it must
+        be quick and must not raise). None removes it."""
+        self._listener = listener
+
+    def write_latencies(self, t: int) -> list[float]:
+        """Tier ``t``'s recent write latencies, seconds from hand-over to publish (oldest first)."""
+        with self._latency_lock:
+            return list(self._latencies[t])
 
     def close(self, *, wait: bool = True) -> None:
         """After :meth:`drain`: let the writer and publisher threads end (``wait=False``: a drain timed out on a
@@ -160,23 +193,27 @@ class Writer:
             self.store.memory.mark_clean(entry)  # the put's own dirty mark; per-write marks were added above
         return submitted
 
-    def _submit_write(self, tier: DirectoryTier, entry: MemEntry, attempt: int = 0) -> bool:
+    def _submit_write(self, tier: DirectoryTier, entry: MemEntry, attempt: int = 0,
+                      submitted: float | None = None) -> bool:
         """Hand one copy of ``entry`` to ``tier``'s writer thread. Returns at once: the entry is dirty (kept in
         host memory) and counted in flight from here, and everything that can block on the file system (making
-        room by eviction, creating the temporary file) happens on the writer thread, never on the caller's."""
+        room by eviction, creating the temporary file) happens on the writer thread, never on the caller's.
+        ``submitted``: when the copy was first handed over (a retry keeps its first attempt's time)."""
         fsize = entry.file_size
+        if submitted is None:
+            submitted = time.perf_counter()
         self.store.memory.mark_dirty(entry)
         with self._writes_cv:
             self._writes_inflight += 1
             self._write_backlog[tier.position] += fsize
             self._copying.add((tier.position, entry.key))
         try:
-            self._writers[tier.position].submit(self._start_write, tier, entry, attempt)
+            self._writers[tier.position].submit(self._start_write, tier, entry, attempt, submitted)
         except RuntimeError:  # closing: the writer threads are gone
-            self._start_write(tier, entry, attempt)
+            self._start_write(tier, entry, attempt, submitted)
         return True
 
-    def _start_write(self, tier: DirectoryTier, entry: MemEntry, attempt: int) -> None:
+    def _start_write(self, tier: DirectoryTier, entry: MemEntry, attempt: int, submitted: float) -> None:
         """On the tier's writer thread: reserve room, create the temporary file, submit the write."""
         fsize = entry.file_size
         try:
@@ -196,12 +233,12 @@ class Writer:
             self._write_over(tier, entry, fsize)
             return
         op = IOOp(kind=OpKind.WRITE, fd=fd, buf=entry.buf, length=fsize, offset=0,
-                  callback=self._on_write_done, tag=(tier, entry, tmp, attempt))
+                  callback=self._on_write_done, tag=_WriteTag(tier, entry, tmp, attempt, submitted))
         try:
             tier.write_ring.submit([op])
         except StoreClosedError:
             os.close(fd)
-            self._finish_write(tier, entry, tmp, fsize, ok=False, err=-5)
+            self._finish_write(tier, entry, tmp, fsize, ok=False, err=-5, submitted=submitted)
 
     def _write_over(self, tier: DirectoryTier, entry: MemEntry, fsize: int) -> None:
         """One copy of ``entry`` is done with (published, failed, or never started): its dirty mark and its
@@ -221,7 +258,9 @@ class Writer:
             self._publish(op)
 
     def _publish(self, op: IOOp) -> None:
-        tier, entry, tmp, attempt = op.tag
+        tag = op.tag
+        assert isinstance(tag, _WriteTag)
+        tier, entry, tmp, attempt, submitted = tag.tier, tag.entry, tag.tmp, tag.attempt, tag.submitted
         fsize = op.length
         ok = op.result == fsize
         err = op.result if op.result < 0 else -5
@@ -236,10 +275,10 @@ class Writer:
             except OSError as exc:  # NFS-like clients report write-back errors here; FUSE may say ESTALE
                 if ok:
                     ok, err = False, -(exc.errno or 5)
-        self._finish_write(tier, entry, tmp, fsize, ok=ok, err=err, attempt=attempt)
+        self._finish_write(tier, entry, tmp, fsize, ok=ok, err=err, attempt=attempt, submitted=submitted)
 
     def _finish_write(self, tier: DirectoryTier, entry: MemEntry, tmp: str, fsize: int, *, ok: bool, err: int,
-                      attempt: int = 0) -> None:
+                      attempt: int = 0, submitted: float | None = None) -> None:
         try:
             if ok and entry.removed:  # removed while in flight: not a failure, just don't publish
                 try:
@@ -254,9 +293,13 @@ class Writer:
                     tier.counters.write_bytes += fsize
                     tier.counters.write_chunks += 1
                     self.store.owed.paid(tier.name, entry.key)
-                    self.store.health[tier.position].on_success()
+                    if self.store.health[tier.position].on_success():  # recovered: forget its speed measured while failing
+                        self.store.read_windows.forget(tier.position)
                 except OSError as exc:
                     ok, err = False, -(exc.errno or 5)
+                else:
+                    if submitted is not None:
+                        self._note_latency(tier, time.perf_counter() - submitted)
                 if ok and entry.removed:  # remove() raced with the publish above; its tier drop may have missed it
                     tier.drop(entry.key)
             if not ok:
@@ -269,16 +312,26 @@ class Writer:
                 # asynchronously (the entry stays dirty until the retry is done); else skip the copy, counted.
                 if -err in (_ENOSPC, _EDQUOT) and attempt == 0 and not self.store._closed and tier.make_room(fsize):
                     tier.counters.write_retried_nospace += 1
-                    self._submit_write(tier, entry, attempt=1)  # a second failure is counted there
+                    self._submit_write(tier, entry, attempt=1, submitted=submitted)  # a 2nd failure is counted there
                 elif -err == _ESTALE and attempt == 0 and not self.store._closed:
                     # A shared tier's handle went stale (a peer's delete, a folder re-created): a new temporary
                     # usually works; retried once, counted; a second ESTALE is a failure counted there.
                     tier.counters.write_retried_stale += 1
-                    self._submit_write(tier, entry, attempt=1)
+                    self._submit_write(tier, entry, attempt=1, submitted=submitted)
                 else:
                     self._write_failed(tier, entry.key, err)
         finally:
             self._write_over(tier, entry, fsize)
+
+    def _note_latency(self, tier: DirectoryTier, seconds: float) -> None:
+        with self._latency_lock:
+            self._latencies[tier.position].append(seconds)
+        listener = self._listener
+        if listener is not None:
+            try:
+                listener(tier.name, seconds)
+            except Exception:  # a metrics bug must not fail a published write
+                log.exception("tier %s: write listener failed", tier.name)
 
     def _write_failed(self, tier: DirectoryTier, key: bytes, err: int) -> None:
         if -err in (_ENOSPC, _EDQUOT):

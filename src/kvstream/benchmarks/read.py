@@ -230,14 +230,14 @@ def run_read_bench(cfg: ReadBenchConfig, progress: Any = None) -> dict[str, Any]
                     raise RuntimeError(f"bench read: only {got} of {len(keys)} chunks came back")
                 per_tier = {}
                 for name in files:
-                    b, a = before["tiers"][name], after["tiers"][name]
-                    nbytes = a["read_bytes"] - b["read_bytes"]
-                    per_tier[name] = {"bytes": nbytes, "chunks": a["read_chunks"] - b["read_chunks"],
-                                      "duplicates": a["duplicate_chunks"] - b["duplicate_chunks"],
+                    b, a = before.tiers[name], after.tiers[name]
+                    nbytes = a.read_bytes - b.read_bytes
+                    per_tier[name] = {"bytes": nbytes, "chunks": a.read_chunks - b.read_chunks,
+                                      "duplicates": a.duplicate_chunks - b.duplicate_chunks,
                                       "gbps": nbytes / seconds / 1e9, "raw_concurrent_gbps": gbps[name]}
                 runs.append({"seconds": seconds, "bound_seconds": bound, "over_bound": seconds / bound - 1,
                              "duplicate_chunks": sum(p["duplicates"] for p in per_tier.values()),
-                             "verify_seconds": after["verify_seconds"] - before["verify_seconds"],
+                             "verify_seconds": after.verify_seconds - before.verify_seconds,
                              "per_tier": per_tier})
                 if progress is not None:
                     progress(rep + 1, cfg.repeat)

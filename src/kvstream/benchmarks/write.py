@@ -97,11 +97,11 @@ def run_write_bench(cfg: WriteBenchConfig, progress: Any = None) -> dict[str, An
             t.join()
         out["write"] = {
             "seconds": seconds, "put_bytes": put_bytes,
-            "write_amplification": st["write_amplification"],
-            "per_tier": {n: {"bytes": t["write_bytes"], "chunks": t["write_chunks"]} for n, t in st["tiers"].items()},
+            "write_amplification": st.write_amplification,
+            "per_tier": {n: {"bytes": t.write_bytes, "chunks": t.write_chunks} for n, t in st.tiers.items()},
             "raw_concurrent_write_gbps": {n: r.gbps for n, r in raw.items()},
             # the fastest the replicated writes could go: each tier's bytes at its raw concurrent bandwidth
-            "bound_seconds": max(st["tiers"][n]["write_bytes"] / (raw[n].gbps * 1e9) for n in raw if raw[n].gbps > 0),
+            "bound_seconds": max(st.tiers[n].write_bytes / (raw[n].gbps * 1e9) for n in raw if raw[n].gbps > 0),
         }
         out["write"]["over_bound"] = seconds / out["write"]["bound_seconds"] - 1
         for paths in raw_paths.values():

@@ -6,14 +6,18 @@ import argparse
 import json
 import os
 import sys
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from kvstream.config import parse_tier_specs, size_arg
+
+if TYPE_CHECKING:  # imported where used: `kvstream bench` loads the benchmark only when it runs
+    from kvstream.benchmarks.read import ReadBenchConfig
 
 __all__ = ["register"]
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     from kvstream.commands._common import nonnegative_float, nonnegative_int, positive_int
 
     bench = subparsers.add_parser("bench", help="benchmarks that print the bound they are compared with")
@@ -113,7 +117,7 @@ def _read(args: argparse.Namespace) -> int:
     return 0
 
 
-def _run_with_progress(cfg: Any, fn: Any, quiet: bool) -> dict[str, Any]:
+def _run_with_progress(cfg: ReadBenchConfig, fn: Callable[..., dict[str, Any]], quiet: bool) -> dict[str, Any]:
     if quiet:
         return fn(cfg)
     from rich.progress import Progress

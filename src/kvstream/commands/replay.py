@@ -210,6 +210,36 @@ def _system(name: str) -> dict[str, Any]:
     raise UsageError(f"unknown system {name!r}; known: {', '.join(ALL_SYSTEMS)}")
 
 
+class _LoadProbe:
+    """``--crosscheck`` only: the store as the replay backend sees it, recording each load's read
+    (``read_chunks`` call) that reached a disk tier: its wall seconds and, per tier, the busy seconds (time with a
+    read in flight), bytes and chunks its step added to the tier's counters. A catch-up read step ending during a
+    load is counted in that load (the two share the tier anyway). Everything else goes to the store."""
+
+    def __init__(self, store: Any) -> None:
+        self._store = store
+        self.loads: list[dict[str, Any]] = []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._store, name)
+
+    def _counters(self) -> list[tuple[float, int, int]]:
+        return [(t.counters.read_busy_s, t.counters.read_bytes, t.counters.read_chunks) for t in self._store.tiers]
+
+    def read_chunks(self, keys: Any, **kw: Any) -> Any:
+        c0 = self._counters()
+        t0 = time.perf_counter()
+        try:
+            yield from self._store.read_chunks(keys, **kw)
+        finally:
+            dur = time.perf_counter() - t0
+            c1 = self._counters()
+            if any(b[1] > a[1] for a, b in zip(c0, c1)):
+                self.loads.append({"s": dur, "busy_s": [b[0] - a[0] for a, b in zip(c0, c1)],
+                                   "bytes": [b[1] - a[1] for a, b in zip(c0, c1)],
+                                   "chunks": [b[2] - a[2] for a, b in zip(c0, c1)]})
+
+
 def _run_one(name: str, reqs: list[Any], tiers: list[tuple[str, Path]], args: argparse.Namespace, *,
              emulated: bool, progress: Any, cost: Any, measured: dict[str, dict[str, float]]) -> dict[str, Any]:
     from kvstream.config import parse_size
@@ -245,6 +275,7 @@ def _run_one(name: str, reqs: list[Any], tiers: list[tuple[str, Path]], args: ar
         bw = args.emulate_gbps * 1e9
         engine = ThrottledEngine(engine, {f"{use[1][0]}-r": bw, f"{use[1][0]}-w": bw})
     store = open_store(cfg, engine=engine)
+    probe = _LoadProbe(store) if args.crosscheck and name == "kvstream-only" else None
     compute = None
     if sysd.get("compute"):
         from kvstream.compute import ComputePolicy
@@ -252,7 +283,8 @@ def _run_one(name: str, reqs: list[Any], tiers: list[tuple[str, Path]], args: ar
         # Its prior: each tier's read bandwidth measured alone before the systems ran (as the simulator's
         # policy starts from its tiers' nominal bandwidth); the loads' own measurements take over.
         compute = ComputePolicy(n_tiers=len(use), bandwidth=[measured[tname]["read_bw"] for tname, _ in use])
-    backend = StoreBackend(store, model=cost.model.name, chunk_bytes=chunk_bytes, compute=compute,
+    backend = StoreBackend(probe if probe is not None else store, model=cost.model.name, chunk_bytes=chunk_bytes,
+                           compute=compute,
                            read_disk=sysd.get("read_disk", True))
     mem = parse_size(args.memory, "--memory")
     serving = dataclasses.replace(
@@ -270,6 +302,14 @@ def _run_one(name: str, reqs: list[Any], tiers: list[tuple[str, Path]], args: ar
         store.flush()
         store.drain(timeout=60)
         stats = store.stats()
+        # What the crosscheck's model must be given to run the store's read and write rules (_crosscheck).
+        store_model = {
+            "read_windows": store.config.read_windows,
+            "read_window_bytes": [t.cfg.read_inflight_bytes for t in store.tiers],
+            "read_window_floor_bytes": store.config.chunk_bytes or 0,
+            "write_backlog_bytes": [t.cfg.write_backlog_bytes if t.cfg.write_backlog_bytes is not None
+                                    else store.config.memory_bytes // 2 for t in store.tiers],
+        }
     finally:
         backend.close()
         store.close()
@@ -277,10 +317,10 @@ def _run_one(name: str, reqs: list[Any], tiers: list[tuple[str, Path]], args: ar
             for d in run_dirs:
                 shutil.rmtree(d, ignore_errors=True)
     wall = time.perf_counter() - t0
-    core.metrics.storage = {"write_amplification": stats["write_amplification"],
-                            **{f"read_bytes_{k}": v["read_bytes"] for k, v in stats["tiers"].items()},
-                            **{f"write_bytes_{k}": v["write_bytes"] for k, v in stats["tiers"].items()},
-                            **{f"write_skipped_backlog_{k}": v["write_skipped_backlog"] for k, v in stats["tiers"].items()},
+    core.metrics.storage = {"write_amplification": stats.write_amplification,
+                            **{f"read_bytes_{k}": v.read_bytes for k, v in stats.tiers.items()},
+                            **{f"write_bytes_{k}": v.write_bytes for k, v in stats.tiers.items()},
+                            **{f"write_skipped_backlog_{k}": v.write_skipped_backlog for k, v in stats.tiers.items()},
                             "computed_chunks": backend.computed_chunks}
     s = summarize(core.metrics, slo_s=args.slo)
     # Per-load read speed against the bound of the same run: disk bytes the loads (blocking and background
@@ -295,12 +335,19 @@ def _run_one(name: str, reqs: list[Any], tiers: list[tuple[str, Path]], args: ar
         "system": name, "wall_s": wall, "summary": s, "ttfts": sorted(r.ttft for r in core.metrics.requests
                                                                           if not math.isnan(r.first_token)),
         "tier_series": core.metrics.tier_series, "lag_s": drv.lag_s,
-        "tier_gbps": {k: v["read_gbps"] for k, v in stats["tiers"].items()},
-        "tier_stats": {k: {kk: v[kk] for kk in ("read_bytes", "read_busy_s", "write_bytes", "direct_io",
-                                                  "read_latency_p50_s", "read_latency_p99_s")}
-                       for k, v in stats["tiers"].items()},
-        "verify_s_per_chunk": stats["verify_seconds"] / max(stats["disk_hits"], 1),
-        "put_s": backend.write_s, "puts_dropped_no_memory": stats.get("puts_dropped_no_memory", 0),
+        "tier_gbps": {k: v.read_gbps for k, v in stats.tiers.items()},
+        "tier_stats": {k: {kk: getattr(v, kk) for kk in ("read_bytes", "read_busy_s", "write_bytes", "direct_io",
+                                                  "read_latency_p50_s", "read_latency_p99_s",
+                                                  "write_latency_p50_s", "write_latency_p99_s",
+                                                  "read_chunks", "duplicate_chunks", "write_skipped_backlog")}
+                       for k, v in stats.tiers.items()},
+        "verify_s_per_chunk": stats.verify_seconds / max(stats.disk_hits, 1),
+        "store_model": store_model,
+        "load_steps": probe.loads if probe is not None else [],
+        "store_counters": {"verify_seconds": stats.verify_seconds, "disk_hits": stats.disk_hits,
+                           "read_steps": stats.read_steps, "catch_up_reads": stats.catch_up_reads,
+                           "catch_up_copies": stats.catch_up_copies},
+        "put_s": backend.write_s, "puts_dropped_no_memory": stats.puts_dropped_no_memory,
         "steps_read_s": [st.load_s for st in core.metrics.steps if st.load_s > 0],
         "step_read_bytes": [st.load_bytes for st in core.metrics.steps if st.load_s > 0],
     }
@@ -377,7 +424,7 @@ def run_replay(args: argparse.Namespace) -> dict[str, Any]:
         "tiers": {t[0]: str(t[1]) for t in tiers},
         "measured_read_gbps": {k: v["read_bw"] / 1e9 for k, v in measured.items()},
         "results": [{k: v for k, v in r.items() if k not in ("ttfts", "tier_series", "steps_read_s",
-                                                             "step_read_bytes")} for r in results],
+                                                             "step_read_bytes", "load_steps")} for r in results],
     }
     if report_cc is not None:
         report["crosscheck"] = report_cc
@@ -478,26 +525,75 @@ def _measure_tiers(tiers: list[tuple[str, Path]], args: argparse.Namespace, cost
     return out
 
 
+def crosscheck_system(measured: dict[str, dict[str, float]], real: dict[str, Any], memory_bytes: int) -> Any:
+    """The simulator's ``kvstream-only`` for the crosscheck: the tiers' bandwidths measured through the store
+    (alone and while writing, :func:`_measure_tiers`), and the store's own read and write rules as the replay
+    ran them (``real["store_model"]``, ``real["verify_s_per_chunk"]``):
+
+    - each tier's claim window in bytes and the windows' floor, which also set the read-ahead bound: with 48 MiB
+      chunks and 32 MiB windows a tier refills only after the consumer has checked what landed, so
+    - the consumer's check of each chunk (header and checksum, seconds per chunk as measured) is on the path;
+    - the write backlog valve: a second copy past the backlog is skipped and owed, and the catch-up reads it
+      back from the other tier later (without it the model kept those chunks pinned in host memory, overflowing
+      it, and served from memory what the store read from disk: BENCHMARKS §3.2).
+
+    While writes are in flight reads get the share they got in the mixed probe (no extra switching loss)."""
+    from kvstream.serving.core import ServingConfig
+    from kvstream.sim.driver import SystemConfig, TierModel
+
+    model = real.get("store_model") or {}
+    windows = model.get("read_window_bytes") or [None] * len(measured)
+    backlog = model.get("write_backlog_bytes")
+    tiers = [TierModel(name=name, read_bw=m["read_bw"], write_bw=m["write_bw"], read_window=4,
+                       read_window_bytes=windows[k],
+                       read_share=min(m["mixed_read_bw"] / m["read_bw"], 1.0), interference=0.0)
+             for k, (name, m) in enumerate(measured.items())]
+    return SystemConfig(name="kvstream-only (sim)", tiers=tuple(tiers), router="mitm", replication="full",
+                        serving=ServingConfig(), host_memory_bytes=memory_bytes,
+                        read_windows=model.get("read_windows", "balanced"),
+                        read_window_floor_bytes=model.get("read_window_floor_bytes"),
+                        verify_s=float(real.get("verify_s_per_chunk", 0.0)),
+                        write_backlog_bytes=max(backlog) if backlog else None)
+
+
+def read_breakdown(loads: list[dict[str, Any]], names: list[str], alone: dict[str, float],
+                   check_s_per_chunk: float) -> dict[str, Any]:
+    """Where the loads' read time went, per tier, summed over the loads that read from disk (each a dict of ``s``,
+    and per tier ``busy_s``, ``bytes``, ``chunks``; the replay's :class:`_LoadProbe` records, or the simulator's
+    read steps): ``busy_s`` (the tier had a read in flight), ``at_alone_s`` (its bytes at the bandwidth measured
+    alone), ``device_excess_s`` = busy - at alone (the device, or the threads reaping its completions, slower than
+    alone: writes, catch-up reads back, other I/O, lost CPU), ``idle_s`` = load time - busy (opens, refills
+    waiting for the consumer's check under the read-ahead bound, waiting for the other tier's last chunk at the
+    meeting point); ``check_s``: the consumer's checks (header and checksum) of every chunk read."""
+    load_s = sum(float(lo["s"]) for lo in loads)
+    tiers: dict[str, dict[str, float]] = {}
+    chunks = 0
+    for k, name in enumerate(names):
+        busy = sum(float(lo["busy_s"][k]) for lo in loads)
+        nbytes = sum(float(lo["bytes"][k]) for lo in loads)
+        chunks += sum(int(lo["chunks"][k]) for lo in loads)
+        bw = alone.get(name, 0.0)
+        at_alone = nbytes / bw if bw > 0 else math.nan
+        tiers[name] = {"gb": nbytes / 1e9, "busy_s": busy, "at_alone_s": at_alone, "device_excess_s": busy - at_alone,
+                       "idle_s": max(load_s - busy, 0.0), "busy_gbps": nbytes / busy / 1e9 if busy > 0 else 0.0}
+    return {"loads": len(loads), "load_s": load_s, "tiers": tiers, "check_s": chunks * check_s_per_chunk}
+
+
 def _crosscheck(reqs: list[Any], results: list[dict[str, Any]], args: argparse.Namespace, cost: Any,
                 emulated: bool, measured: dict[str, dict[str, float]]) -> dict[str, Any]:
     """Simulate kvstream-only on the same workload with each tier's bandwidth measured through the store
-    (alone, by :func:`_measure_tiers`, before the systems ran), and compare the read time per step with the
-    replay's."""
+    (alone, by :func:`_measure_tiers`, before the systems ran) and the store's read and write rules
+    (:func:`crosscheck_system`), and compare: the read time per step (the issue's figure), and, since the two
+    runs may read different steps, the load speed (disk bytes of the loads over the time a load was reading, the
+    same definition on both sides). Where the replay's time went: :func:`real_read_breakdown`."""
     from kvstream.config import parse_size
-    from kvstream.serving.core import ServingConfig
-    from kvstream.sim.driver import Hardware, SystemConfig, TierModel, simulate
+    from kvstream.serving.storebackend import LoadRecord, disk_load_gbps
+    from kvstream.sim.driver import Hardware, simulate
 
     real = next((r for r in results if r["system"] == "kvstream-only"), None)
     if real is None:
         return {"error": "the crosscheck needs kvstream-only among --systems"}
-    # While writes are in flight reads get the share they got in the mixed probe (no extra switching loss).
-    tiers = [TierModel(name=name, read_bw=m["read_bw"], write_bw=m["write_bw"], read_window=4,
-                       read_share=min(m["mixed_read_bw"] / m["read_bw"], 1.0), interference=0.0)
-             for name, m in measured.items()]
-    # The store sizes its read windows by measured tier speed (read_windows: balanced): so does the model.
-    sysc = SystemConfig(name="kvstream-only (sim)", tiers=tuple(tiers), router="mitm", replication="full",
-                        serving=ServingConfig(), host_memory_bytes=parse_size(args.memory, "--memory"),
-                        read_windows="balanced")
+    sysc = crosscheck_system(measured, real, parse_size(args.memory, "--memory"))
     hw = Hardware(gpu=args.gpu, model=args.model, tp=args.tp, hbm_kv_bytes=parse_size(args.gpu_kv, "--gpu-kv"))
     scaled = [dataclasses.replace(r, arrival=r.arrival / args.speed) for r in reqs]
     sim = simulate([scaled], sysc, hw, seed=args.seed)
@@ -505,17 +601,68 @@ def _crosscheck(reqs: list[Any], results: list[dict[str, Any]], args: argparse.N
     sim_rt = sim.summary["read_time_per_step_s"]
     sim_steps = [st for st in sim.nodes[0].steps if st.load_s > 0]
     real_steps = real["steps_read_s"]
+    sim_gbps, sim_busy, sim_bytes = disk_load_gbps(
+        [LoadRecord(start=a, end=a + d, disk_bytes=u, memory_bytes=0, background=False)
+         for a, d, _b, u, _t in (sim.read_logs[0] if sim.read_logs else [])])
+    real_gbps = real["summary"].get("load_gbps", 0.0)
+    st = sim.nodes[0].storage
+    names = list(measured)
+    alone = {k: v["read_bw"] for k, v in measured.items()}
+    chunk = cost.model.chunk_bytes()
+    sim_loads = [{"s": d, "busy_s": list(busy), "bytes": list(tb), "chunks": [b // chunk for b in tb]}
+                 for (_a, d, _b, _u, tb), busy in zip(sim.read_logs[0] if sim.read_logs else [],
+                                                      sim.busy_logs[0] if sim.busy_logs else [])]
     return {
         "measured_gbps": {k: {kk: vv / 1e9 for kk, vv in v.items()} for k, v in measured.items()},
+        "model": {"read_window_bytes": [t.read_window_bytes for t in sysc.tiers],
+                  "read_window_floor_bytes": sysc.read_window_floor_bytes, "verify_s": sysc.verify_s,
+                  "write_backlog_bytes": sysc.write_backlog_bytes},
         "replay_busy_gbps": real["tier_gbps"],
         "replay_steps_with_reads": len(real_steps), "sim_steps_with_reads": len(sim_steps),
         "replay_read_bytes_per_step": (sum(real["step_read_bytes"]) / len(real_steps)) if real_steps else 0,
-        "sim_read_bytes_per_step": (sum(st.load_bytes for st in sim_steps) / len(sim_steps)) if sim_steps else 0,
+        "sim_read_bytes_per_step": (sum(s.load_bytes for s in sim_steps) / len(sim_steps)) if sim_steps else 0,
         "replay_read_time_per_step_s": real_rt, "sim_read_time_per_step_s": sim_rt,
         "difference": (sim_rt - real_rt) / real_rt if real_rt else math.nan,
         "within_10_percent": abs(sim_rt - real_rt) <= 0.10 * real_rt if real_rt else False,
+        "replay_load_gbps": real_gbps, "sim_load_gbps": sim_gbps,
+        "replay_load_disk_bytes": real["summary"].get("load_disk_bytes", 0), "sim_load_disk_bytes": sim_bytes,
+        "replay_load_s": real["summary"].get("load_busy_s", 0.0), "sim_load_s": sim_busy,
+        "load_gbps_difference": (sim_gbps - real_gbps) / real_gbps if real_gbps else math.nan,
+        "replay_catch_up_reads": (real.get("store_counters") or {}).get("catch_up_reads", 0),
+        "sim_catch_up_reads": sum(v for k, v in st.items() if k.startswith("catch_up_reads_")),
+        "sim_write_skipped_backlog": sum(v for k, v in st.items() if k.startswith("write_skipped_backlog_")),
+        "replay_breakdown": read_breakdown(real.get("load_steps") or [], names, alone, sysc.verify_s),
+        "sim_breakdown": read_breakdown(sim_loads, names, alone, sysc.verify_s),
         "shared_tier": "emulated" if emulated else "real",
     }
+
+
+def crosscheck_lines(cc: dict[str, Any]) -> list[str]:
+    """The crosscheck's steps, load speed and the read-time breakdown (replay vs simulator), as printed under the
+    table."""
+    out = [f"crosscheck: steps that read: replay {cc['replay_steps_with_reads']} x "
+           f"{cc['replay_read_bytes_per_step'] / 1e9:.2f} GB, simulator {cc['sim_steps_with_reads']} x "
+           f"{cc['sim_read_bytes_per_step'] / 1e9:.2f} GB (host memory and disk); load speed (disk bytes of the loads "
+           f"over the time a load was reading): replay {cc['replay_load_gbps']:.2f} GB/s "
+           f"({cc['replay_load_disk_bytes'] / 1e9:.1f} GB in {cc['replay_load_s']:.1f} s), simulator "
+           f"{cc['sim_load_gbps']:.2f} GB/s ({cc['sim_load_disk_bytes'] / 1e9:.1f} GB in {cc['sim_load_s']:.1f} s): "
+           f"{100 * cc['load_gbps_difference']:+.1f} %"]
+    rb, sb = cc.get("replay_breakdown"), cc.get("sim_breakdown")
+    if rb and sb and rb["loads"]:
+        out.append(f"crosscheck: where the loads' time went (replay / simulator), {rb['load_s']:.1f} / "
+                   f"{sb['load_s']:.1f} s over {rb['loads']} / {sb['loads']} loads; consumer checks "
+                   f"{rb['check_s']:.1f} / {sb['check_s']:.1f} s; catch-up reads back "
+                   f"{cc.get('replay_catch_up_reads', 0)} / {cc.get('sim_catch_up_reads', 0)} chunks")
+        for name, r in rb["tiers"].items():
+            m = sb["tiers"].get(name)
+            if m is None:
+                continue
+            out.append(f"  {name}: {r['gb']:.1f} / {m['gb']:.1f} GB; busy {r['busy_s']:.1f} / {m['busy_s']:.1f} s "
+                       f"({r['busy_gbps']:.2f} / {m['busy_gbps']:.2f} GB/s) = at the alone bandwidth "
+                       f"{r['at_alone_s']:.1f} / {m['at_alone_s']:.1f} s + slower than alone "
+                       f"{r['device_excess_s']:+.1f} / {m['device_excess_s']:+.1f} s; idle in loads "
+                       f"{r['idle_s']:.1f} / {m['idle_s']:.1f} s")
+    return out
 
 
 def _plot(results: list[dict[str, Any]], png: Path, emulated: bool) -> None:
@@ -597,6 +744,8 @@ def _run(args: argparse.Namespace) -> int:
             con.print(f"crosscheck (kvstream-only): read time per step, replay {cc['replay_read_time_per_step_s']:.4f} s vs "
                       f"simulator {cc['sim_read_time_per_step_s']:.4f} s with the measured {tiers_txt}: "
                       f"{100 * cc['difference']:+.1f} % ({'within' if cc['within_10_percent'] else 'NOT within'} 10 %)")
+            for line in crosscheck_lines(cc):
+                con.print(line)
     figure = f"figure: {rep['figure']}; " if rep["figure"] else ""
     con.print(f"{figure}results: {Path(args.out) / 'replay.json'}")
     return 0

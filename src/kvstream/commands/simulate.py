@@ -14,10 +14,11 @@ through the run: see :func:`overload_warning`). Every JSON records the version, 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +29,7 @@ __all__ = ["register", "overload_warning"]
 _SYSTEMS = ("kvstream", "lmcache", "bidaw", "kvstream+bidaw", "kvstream+compute", "recompute-only", "load-only")
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     from kvstream.commands._common import (gpu_name, gpu_names, model_aliases, model_name, nonnegative_int,
                                            positive_float)
 
@@ -87,22 +88,27 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _run_trace(args: argparse.Namespace) -> int:
-    from kvstream.sim.driver import Hardware, simulate
+    from kvstream.sim.driver import Hardware, SystemConfig, simulate
     from kvstream.sim.scenarios import GB, compute_systems, kvstream, lmcache, testbed_tiers
     from kvstream.workload.mooncake import read_mooncake
 
     reqs = read_mooncake(args.trace, time_scale=args.time_scale)
     tiers = testbed_tiers(args.testbed)
     host = args.host_gb * GB
-    system = {
+
+    def compute_system(k: str) -> SystemConfig:
+        return compute_systems(tiers, host)[k]
+
+    systems: dict[str, Callable[[], SystemConfig]] = {
         "kvstream": lambda: kvstream(tiers, host),
         "lmcache": lambda: lmcache(tiers, host),
         "bidaw": lambda: kvstream((tiers[0],), host, name="Bidaw", router="single:nvme", replication="single",
                                   admit="ready", prefetch="hrrn"),
         "kvstream+bidaw": lambda: kvstream(tiers, host, name="kvstream+bidaw", admit="ready", prefetch="hrrn"),
         # compute joins the meet-in-the-middle, and its baselines (kvstream.sim.scenarios.compute_systems)
-        **{k: (lambda k=k: compute_systems(tiers, host)[k]) for k in ("kvstream+compute", "recompute-only", "load-only")},
-    }[args.system]()
+        **{k: functools.partial(compute_system, k) for k in ("kvstream+compute", "recompute-only", "load-only")},
+    }
+    system = systems[args.system]()
     res = simulate([reqs], system, Hardware(gpu=args.gpu, model=args.model), seed=args.seed)
     s = res.summary
     from kvstream.commands._common import run_meta

@@ -37,7 +37,7 @@ PAPER = {
 }
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     study = subparsers.add_parser("study", help="reproduce Bidaw's trace studies (eviction, reuse distance)")
     sub = study.add_subparsers(dest="study_command", metavar="STUDY")
     sub.required = True
@@ -168,8 +168,12 @@ def _run_eviction(args: argparse.Namespace) -> int:
                 stream = streams[(scope, bpt)] = build_accesses(t, bytes_per_token=bpt, context_cap=cap)
             policy = label.split("+")[0]
             base = done
+
+            def advance(k: int, base: int = base) -> None:
+                tick(base + k)
+
             res = replay(stream, policy, int(g * GIB), lookahead=args.lookahead, drop_finished=not args.keep_finished,
-                         progress=lambda k, base=base: tick(base + k))  # fmt: skip
+                         progress=advance)  # fmt: skip
             done += len(stream)
             rows.append({"scope": scope, "memory_gib": g, "policy": label, "hits": res.hits, "misses": res.misses,
                          "hit_rate": res.hit_rate, "miss_rate": res.miss_rate, "evictions": res.evictions})  # fmt: skip
@@ -304,7 +308,7 @@ def _run_reuse(args: argparse.Namespace) -> int:
     for off in args.window_offsets:
         hourly = hourly_windows(full, fraction=args.window_fraction, offset=off, min_cohort=args.min_cohort)
         windows += [("hourly", s) for s in hourly]
-    corr_rows = []
+    corr_rows: list[dict[str, Any]] = []
     for kind, spec in windows:
         r = answer_distance_correlation(full, spec, bytes_per_token=bpt, context_cap=cap)
         corr_rows.append({"kind": kind, "label": spec.label, "source": _short(spec.source), "fraction": spec.fraction,
@@ -333,8 +337,8 @@ def _print_reuse(info: dict[str, Any], dist_rows: list[dict[str, Any]], corr_row
     con.print(f"[bold]Weighted reuse distance[/] ({info['model']}, {info['kv_bytes_per_token']:,} B/token, KV capped at "
               f"{info['context_cap']} tokens, user fraction {info['user_fraction']}); GiB.")  # fmt: skip
     t = Table(title="Distribution of weighted reuse distance (paper: 80 % of accesses beyond 200 GB)")
-    for c in ("scope", "reuses", "p10", "p25", "p50", "p75", "p90", *[f"> {g:g}" for g in memory]):
-        t.add_column(c, justify="right")
+    for col in ("scope", "reuses", "p10", "p25", "p50", "p75", "p90", *[f"> {g:g}" for g in memory]):
+        t.add_column(col, justify="right")
     for r in dist_rows:
         if "p50" not in r:
             t.add_row(r["scope"], str(r["reuses"]), *["-"] * (5 + len(memory)))
@@ -343,8 +347,8 @@ def _print_reuse(info: dict[str, Any], dist_rows: list[dict[str, Any]], corr_row
                   *[_pct(r["share_beyond"][f"{g:g}"]) for g in memory])  # fmt: skip
     con.print(t)
     t = Table(title="B4: Spearman rho, previous answer length vs reuse-distance lower bound (paper: 0.94-0.98, 12 windows)")
-    for c in ("windows", "hour", "part", "users kept", "window at (s)", "samples", "points", "rho", "rho over samples"):
-        t.add_column(c, justify="right")
+    for col in ("windows", "hour", "part", "users kept", "window at (s)", "samples", "points", "rho", "rho over samples"):
+        t.add_column(col, justify="right")
     for c in corr_rows:
         rho = "n/a" if c["rho"] != c["rho"] else f"{c['rho']:.3f}"
         srho = "n/a" if c["sample_rho"] != c["sample_rho"] else f"{c['sample_rho']:.3f}"

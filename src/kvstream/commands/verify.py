@@ -158,6 +158,7 @@ def _scan(root: Path) -> tuple[TierReport, dict[str, Path], dict[bytes, int], _C
     t0 = time.perf_counter()
     rep = TierReport(path=str(root))
     add = rep.findings.append
+    why: str | None  # a finding's reason (None: no problem), reused below
     marker = root / MARKER
     try:
         text = marker.read_text(errors="replace")
@@ -394,7 +395,7 @@ def verify_tier(path: str | os.PathLike[str], *, repair: bool = False) -> TierRe
 # ── command line ───────────────────────────────────────────────────────────────────────────────────────────
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = subparsers.add_parser("verify", help="check tier folders: headers, checksums, index consistency",
                               description=__doc__.split("\n\n")[1] if __doc__ else None)
     p.add_argument("paths", nargs="+", metavar="PATH", help="a tier folder (the one a tier's `path` names)")

@@ -4,7 +4,9 @@ LMCache hands a plugin its whole ``extra_config`` dict (from YAML, or JSON in ``
 values arrive as strings, ints, floats or bools; every key is parsed here and every error is a
 :class:`kvstream.errors.ConfigError` whose field is the ``kvstream.*`` key the user has to fix. That matters
 more than usual: LMCache catches a plugin constructor's exception, logs ``Failed to create backend <name>:
-<message>`` and runs on without the plugin, so the message is all the user gets.
+<message>`` and runs on without the plugin, so the message is all the user gets -- unless
+``kvstream.strict`` is set (:func:`strict_mode`, read before anything else): then the plugin makes that failure
+stop LMCache's start instead.
 
 The store's settings come from ``kvstream.config_file`` (a kvstream YAML file, the schema of
 ``kvstream.open_store``), ``kvstream.tiers`` (``"local=PATH,shared=PATH"``, with ``kvstream.capacity_bytes``),
@@ -24,7 +26,8 @@ from typing import Any
 from kvstream.config import StoreConfig, parse_size, parse_tier_specs
 from kvstream.errors import ConfigError
 
-__all__ = ["PREFIX", "KEYS", "KEY_DEFAULTS", "STORE_KEYS", "PluginOptions", "parse_extra_config", "attribute_error", "flatten"]
+__all__ = ["PREFIX", "KEYS", "KEY_DEFAULTS", "STORE_KEYS", "PluginOptions", "parse_extra_config", "attribute_error",
+           "flatten", "strict_mode"]
 
 PREFIX = "kvstream."
 
@@ -57,6 +60,8 @@ KEYS: dict[str, str] = {
     "tenant_salt_file": "a file holding this deployment's secret tenant salt (16 bytes or more): keys of "
                         "deployments with different salts never meet, even in one folder; never logged",
     "tenant_salt_env": "the name of an environment variable holding the secret tenant salt (instead of a file)",
+    "strict": "true: if the store cannot be opened (bad key, dead or unwritable tier), LMCache fails to start "
+              "instead of logging the error and serving without kvstream",
 }
 
 # For docs/config.md (kvstream.config.reference_markdown): type and default of each key that sets no store
@@ -75,6 +80,7 @@ KEY_DEFAULTS: dict[str, tuple[str, str]] = {
     "shared_tiers": ("`NAME,...`", "— (no tier is shared)"),
     "tenant_salt_file": ("path", "— (no salt: the namespace alone separates deployments)"),
     "tenant_salt_env": ("str", "—"),
+    "strict": ("bool", "false"),
 }
 
 # StoreConfig / TierConfig field -> the kvstream.<key> that sets it (the others: through kvstream.config_file)
@@ -116,6 +122,7 @@ class PluginOptions:
     read_into: bool  # zero-copy reads (Store.read_into) rather than read_chunks + a copy
     prefetch_ttl_s: float  # > 0
     close_timeout_s: float  # >= 0
+    strict: bool = False  # a failure to open the store stops LMCache's start (see strict_mode)
 
 
 def flatten(extra: Mapping[str, Any] | None) -> dict[str, Any]:
@@ -149,7 +156,14 @@ def _as_bool(name: str, value: Any) -> bool:
     raise ConfigError(_field(name), f"expected true or false, got {value!r}")
 
 
-def _as_float(name: str, value: Any, *, minimum: float, allow_none: bool = False) -> float | None:
+def _as_float(name: str, value: Any, *, minimum: float) -> float:
+    f = _as_opt_float(name, value, minimum=minimum)
+    if f is None:
+        raise ConfigError(_field(name), "expected a number")
+    return f
+
+
+def _as_opt_float(name: str, value: Any, *, minimum: float, allow_none: bool = False) -> float | None:
     if value is None or (isinstance(value, str) and value.strip().lower() in ("", "none", "null", "off")):
         if allow_none:
             return None
@@ -200,8 +214,8 @@ def _capacities(value: Any, names: list[str]) -> dict[str, int]:
         if missing:
             raise ConfigError(key, f"no size for tier(s) {', '.join(missing)}")
         return caps
-    size = parse_size(value, key)
-    return {n: size for n in names}
+    one = parse_size(value, key)
+    return {n: one for n in names}
 
 
 def _mark_shared(data: dict[str, Any], value: Any) -> None:
@@ -233,6 +247,14 @@ def _load_file(value: Any) -> tuple[dict[str, Any], Path]:
     if not isinstance(data, Mapping):
         raise ConfigError(key, f"{path} must hold a mapping (tiers, memory_bytes, ...) at the top level")
     return dict(data), path.parent
+
+
+def strict_mode(extra: Mapping[str, Any] | None) -> bool:
+    """``kvstream.strict``, read on its own before the rest of the keys (which may be the ones that are wrong).
+    Raises ConfigError for a value that is not a boolean: a value the operator wrote but we cannot read must
+    not silently mean "serve without kvstream" (the plugin treats that error as strict)."""
+    opts = flatten(extra)
+    return _as_bool("strict", opts["strict"]) if "strict" in opts else False
 
 
 def parse_extra_config(extra: Mapping[str, Any] | None, *, default_pending_bytes: int = 1 << 30) -> PluginOptions:
@@ -285,7 +307,7 @@ def parse_extra_config(extra: Mapping[str, Any] | None, *, default_pending_bytes
         if kind == "bool":
             data[name] = _as_bool(name, v)
         elif kind == "float?":
-            data[name] = _as_float(name, v, minimum=0.0, allow_none=True)
+            data[name] = _as_opt_float(name, v, minimum=0.0, allow_none=True)
         elif kind == "size":
             data[name] = parse_size(v, _field(name))
         else:
@@ -308,6 +330,7 @@ def parse_extra_config(extra: Mapping[str, Any] | None, *, default_pending_bytes
         read_into=_as_bool("read_into", opts.get("read_into", True)),
         prefetch_ttl_s=float(_as_float("prefetch_ttl_s", opts.get("prefetch_ttl_s", 120), minimum=0.001)),
         close_timeout_s=float(_as_float("close_timeout_s", opts.get("close_timeout_s", 120), minimum=0.0)),
+        strict=strict_mode(extra),
     )
 
 

@@ -33,9 +33,12 @@ or ``reason`` / ``path`` where shown):
 ``lmcache:kvstream_num_evicted_bytes``       their bytes, by disk tier
 ``lmcache:kvstream_num_write_errors``        copies that failed to write, by tier
 ``lmcache:kvstream_num_skipped_copies``      copies not written, by tier and ``reason`` = full | unhealthy | backlog
+``lmcache:kvstream_time_to_write``           seconds per chunk copy, hand-over to the tier's writer to publish, by tier
 ==========================================  =======================================================
 
-Per-tier write, eviction and error figures and the capacity gauges come from ``Store.stats()``
+Write latencies are observed as each copy is published (``Store.observe_writes``, on the store's publisher
+thread: :meth:`PluginMetrics.chunk_written`). Per-tier write, eviction and error figures and the capacity
+gauges come from ``Store.stats()``
 (:meth:`PluginMetrics.sync_store`: when the plugin starts, once a second on its writer thread, and at close):
 counters take the differences, so their totals are exact even when several batches run at once, and exist at 0
 from the first call. Metric objects are created once per process and shared by every plugin instance (tests
@@ -55,6 +58,8 @@ from typing import Any
 
 from prometheus_client import REGISTRY, Counter, Gauge, Histogram
 
+from kvstream.stats import MemoryStats, StoreStats, TierStats
+
 __all__ = ["PluginMetrics", "TimedPuts", "LABELS", "MEMORY_TIER"]
 
 LABELS = ["model_name", "worker_id", "role", "served_model_name"]
@@ -63,6 +68,8 @@ _CHUNK_BUCKETS = [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 
 _GET_BUCKETS = [0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0]
 # A put copies and checksums one chunk in host memory: ~0.1 ms for 1 MiB, tens of ms for 48 MiB.
 _PUT_BUCKETS = [0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0]
+# A copy's write: from ~1 ms (small chunk, idle NVMe) to seconds (48 MiB behind a backlog on a busy PFS).
+_WRITE_BUCKETS = [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0]
 
 MEMORY_TIER = "memory"  # the ``tier`` label of the store's host-memory tier
 
@@ -103,9 +110,12 @@ _SPECS: list[tuple[Any, ...]] = [
     ("write_errors", Counter, "lmcache:kvstream_num_write_errors", "kvstream copies that failed to write", ["tier"]),
     ("skipped_copies", Counter, "lmcache:kvstream_num_skipped_copies",
      "kvstream copies not written: the tier was full, its circuit open, or its write backlog full", ["tier", "reason"]),
+    ("time_to_write", Histogram, "lmcache:kvstream_time_to_write",
+     "Seconds per kvstream chunk copy, from hand-over to the tier's writer to publish, by tier", ["tier"],
+     _WRITE_BUCKETS),
 ]
 
-# Store.stats()["tiers"][name] counter field -> (metric attribute, extra labels besides ``tier``)
+# TierStats counter field -> (metric attribute, extra labels besides ``tier``)
 _TIER_STATS: dict[str, tuple[str, dict[str, str]]] = {
     "write_bytes": ("written_bytes", {}),
     "write_chunks": ("written_chunks", {}),
@@ -119,7 +129,7 @@ _TIER_STATS: dict[str, tuple[str, dict[str, str]]] = {
     "write_skipped_unhealthy": ("skipped_copies", {"reason": "unhealthy"}),
     "write_skipped_backlog": ("skipped_copies", {"reason": "backlog"}),
 }
-# Store.stats()["memory"] counter field -> metric attribute (labelled tier="memory")
+# MemoryStats counter field -> metric attribute (labelled tier="memory")
 _MEMORY_STATS = {"evictions": "evicted_chunks"}
 # gauge attribute -> the stats field it shows, for disk tiers and the host-memory tier alike
 _GAUGE_STATS = {"capacity_bytes": "capacity_bytes", "used_bytes": "used_bytes", "chunks": "chunks"}
@@ -158,6 +168,7 @@ class PluginMetrics:
                         "served_model_name": served_model_name or ""}
         self._last: dict[tuple[str, str], float] = {}
         self._children: dict[str, tuple[Any, Any, Any]] = {}
+        self._write_children: dict[str, Any] = {}
         self._sync_lock = threading.Lock()
 
     def _l(self, metric: str, **extra: str) -> Any:
@@ -204,39 +215,41 @@ class PluginMetrics:
     def put_done(self, seconds: float) -> None:
         self._l("time_to_put").observe(seconds)
 
+    def chunk_written(self, tier: str, seconds: float) -> None:
+        """A copy was published on ``tier`` (``Store.observe_writes``' listener, on the publisher thread)."""
+        child = self._write_children.get(tier)
+        if child is None:
+            child = self._write_children[tier] = self._l("time_to_write", tier=tier)
+        child.observe(seconds)
+
     # -- store counters -------------------------------------------------------------------------------------
-    def sync_store(self, stats: dict[str, Any]) -> None:
+    def sync_store(self, stats: StoreStats) -> None:
         """Publish ``Store.stats()``: set the per-tier gauges, and add what the store's counters (which only
         grow) gained since the last call."""
-        memory = stats.get("memory") or {}
         with self._sync_lock:
-            for tier, fields in (stats.get("tiers") or {}).items():
-                tier = str(tier)
+            for name, t in stats.tiers.items():
+                tier = str(name)
                 for field, (attr, extra) in _TIER_STATS.items():
-                    self._add(attr, (tier, field), fields.get(field), tier=tier, **extra)
-                self._set_gauges(tier, fields)
-                self._l("circuit_open", tier=tier).set(1.0 if fields.get("circuit") == "open" else 0.0)
-            if memory:
-                for field, attr in _MEMORY_STATS.items():
-                    self._add(attr, (MEMORY_TIER, field), memory.get(field), tier=MEMORY_TIER)
-                self._set_gauges(MEMORY_TIER, memory)
+                    self._add(attr, (tier, field), getattr(t, field), tier=tier, **extra)
+                self._set_gauges(tier, t)
+                self._l("circuit_open", tier=tier).set(1.0 if t.circuit == "open" else 0.0)
+                self._write_children.setdefault(tier, self._l("time_to_write", tier=tier))  # exists from the start
+            for field, attr in _MEMORY_STATS.items():
+                self._add(attr, (MEMORY_TIER, field), getattr(stats.memory, field), tier=MEMORY_TIER)
+            self._set_gauges(MEMORY_TIER, stats.memory)
 
-    def _add(self, attr: str, key: tuple[str, str], value: Any, **labels: str) -> None:
+    def _add(self, attr: str, key: tuple[str, str], value: int | float, **labels: str) -> None:
         """Increment ``attr`` by what the counter ``key`` gained since the last call. The series exists from
         the first call on, at 0 if nothing happened yet: ``rate()`` and alerts see 0, not an absent series."""
-        if not isinstance(value, (int, float)):
-            return
         d = value - self._last.get(key, 0)
         self._last[key] = value
         child = self._l(attr, **labels)
         if d > 0:
             child.inc(d)
 
-    def _set_gauges(self, tier: str, fields: dict[str, Any]) -> None:
+    def _set_gauges(self, tier: str, fields: TierStats | MemoryStats) -> None:
         for attr, field in _GAUGE_STATS.items():
-            v = fields.get(field)
-            if isinstance(v, (int, float)):
-                self._l(attr, tier=tier).set(v)
+            self._l(attr, tier=tier).set(getattr(fields, field))
 
 
 class TimedPuts:

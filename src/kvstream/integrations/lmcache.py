@@ -32,6 +32,14 @@ How each LMCache call is served (facts about LMCache in docs/lmcache-notes.md):
   flush, replication by the store's policy).
 - misses are never errors: an absent, corrupted or truncated chunk file, or no CPU memory for the target,
   is a ``None`` (counted in ``lmcache:kvstream_num_miss_chunks`` by reason).
+- start: LMCache catches any ``Exception`` from a plugin's constructor, logs it and serves without the plugin.
+  That stays the default (a warning of ours says so first); with ``kvstream.strict: true`` a failure to open
+  the store raises :class:`StrictStartError` instead, a ``BaseException`` so that LMCache's ``except Exception``
+  lets it through and LMCache does not start (we also stop the event loop of the half-built StorageManager,
+  whose thread would otherwise keep the failed process alive).
+- logs: ours go through LMCache's ``init_logger`` (its format, its ``LMCACHE_LOG_LEVEL``); the store's own
+  loggers (``kvstream.store``, ``kvstream.tier``, ...) get the same format when nothing else takes their
+  records (no handler up to the root logger), instead of Python's bare last-resort output.
 
 Invariants: every ``MemoryObj`` handed to LMCache carries exactly one reference, owned by LMCache; every
 object this module allocated and does not hand over is released exactly once (prefetches no one collects are
@@ -43,23 +51,30 @@ from __future__ import annotations
 import asyncio
 import ctypes
 import functools
+import logging
 import math
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, List, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Callable, List, Optional, Sequence, cast
 
 import numpy as np
 import torch
-from lmcache.logging import init_logger
+from lmcache.logging import CustomFormatter, get_log_level, init_logger
 from lmcache.utils import CacheEngineKey
 from lmcache.v1.memory_management import MemoryFormat, MemoryObj
 from lmcache.v1.storage_backend.abstract_backend import StoragePluginInterface
 
 from kvstream.errors import ConfigError, KVStreamError, StoreClosedError
 from kvstream.format import ChunkMeta
-from kvstream.integrations._lmcache_config import PluginOptions, attribute_error, flatten, parse_extra_config
+from kvstream.integrations._lmcache_config import (
+    PluginOptions,
+    attribute_error,
+    flatten,
+    parse_extra_config,
+    strict_mode,
+)
 from kvstream.integrations._lmcache_keys import KeyMapper
 from kvstream.integrations._lmcache_metrics import PluginMetrics, TimedPuts
 from kvstream.integrations._lmcache_writer import WriteItem, WriteQueue
@@ -70,9 +85,39 @@ if TYPE_CHECKING:
     from lmcache.v1.metadata import LMCacheMetadata
     from lmcache.v1.storage_backend.local_cpu_backend import LocalCPUBackend
 
-__all__ = ["KVStreamBackend"]
+__all__ = ["KVStreamBackend", "StrictStartError"]
 
 logger = init_logger("kvstream.lmcache")  # LMCache's log format, so our lines sit with LMCache's
+
+
+class StrictStartError(BaseException):
+    """``kvstream.strict`` is set and the plugin could not start: LMCache must not start either.
+
+    A ``BaseException`` (like ``KeyboardInterrupt``) on purpose: LMCache builds plugins inside ``except
+    Exception`` and would log an ``Exception`` and serve without kvstream. The cause is chained (``__cause__``)."""
+
+
+def _route_library_logs() -> None:
+    """Give kvstream's library loggers LMCache's format when their records would otherwise reach Python's
+    last-resort handler (bare text): no handler on ``kvstream`` or above it. A logging configuration of the
+    application's own (a root handler, or one on ``kvstream``) is left alone. Idempotent."""
+    lib = logging.getLogger("kvstream")
+    if lib.hasHandlers():
+        return
+    handler = logging.StreamHandler()
+    handler.setLevel(get_log_level())
+    handler.setFormatter(CustomFormatter())
+    lib.addHandler(handler)
+
+
+def _stop_loop(loop: Optional[asyncio.AbstractEventLoop]) -> None:
+    """Stop the event loop of a StorageManager whose construction we are about to fail (strict mode): its
+    thread is not a daemon and nothing else would ever stop it."""
+    if loop is not None and loop.is_running():
+        try:
+            loop.call_soon_threadsafe(loop.stop)
+        except RuntimeError:  # already closed
+            pass
 
 _MIN_PENDING_BYTES = 64 << 20
 _COPY_THREADS = 2  # copies overlap the store's reads; two keep up with ~10 GB/s of landing chunks
@@ -118,7 +163,7 @@ class _Prefetch:
 
 
 @functools.lru_cache(maxsize=256)
-def _byte_array_type(n: int) -> type:
+def _byte_array_type(n: int) -> type[ctypes.Array[ctypes.c_ubyte]]:
     return ctypes.c_ubyte * n  # cached: ctypes builds (and keeps) a new type per length otherwise
 
 
@@ -147,7 +192,7 @@ def _release_when_done(fut: "Future[list[Optional[MemoryObj]]]") -> None:
     fut.add_done_callback(_done)
 
 
-class KVStreamBackend(StoragePluginInterface):
+class KVStreamBackend(StoragePluginInterface):  # type: ignore[misc]  # LMCache has no type hints: its base is Any
     """An LMCache storage plugin over a kvstream :class:`~kvstream.store.Store` (see the module docstring)."""
 
     def __init__(
@@ -160,6 +205,28 @@ class KVStreamBackend(StoragePluginInterface):
     ) -> None:
         super().__init__(dst_device=dst_device, config=config, metadata=metadata,
                          local_cpu_backend=local_cpu_backend, loop=loop)
+        _route_library_logs()
+        extra = (config.extra_config if config is not None else None) or {}
+        try:
+            strict = strict_mode(extra)
+        except ConfigError as exc:  # written but unreadable: not a reason to serve without kvstream
+            _stop_loop(loop)
+            logger.error("kvstream: %s; not starting", exc)
+            raise StrictStartError(f"kvstream: {exc}") from exc
+        try:
+            self._start(config, metadata, local_cpu_backend)
+        except Exception as exc:
+            if strict:
+                _stop_loop(loop)
+                logger.error("kvstream: could not start: %s; kvstream.strict is set, so LMCache does not start "
+                             "either", exc)
+                raise StrictStartError(f"kvstream could not start (kvstream.strict is set): {exc}") from exc
+            logger.warning("kvstream: could not start: %s; LMCache serves WITHOUT kvstream (set kvstream.strict: "
+                           "true to stop LMCache's start instead)", exc)
+            raise
+
+    def _start(self, config: Optional["LMCacheEngineConfig"], metadata: Optional["LMCacheMetadata"],
+               local_cpu_backend: Optional["LocalCPUBackend"]) -> None:
         if config is None or metadata is None:
             raise ConfigError("storage_plugins", "KVStreamBackend is built by LMCache's StorageManager "
                                                  "(it needs LMCache's config and metadata)")
@@ -192,6 +259,7 @@ class KVStreamBackend(StoragePluginInterface):
                                       payload_of=lambda o: o.byte_array.cast("B"), metrics=self.metrics,
                                       flush_after_s=self.options.flush_after_s,
                                       max_pending_bytes=self.options.max_pending_write_bytes, on_tick=self._tick)
+            self.store.observe_writes(self.metrics.chunk_written)  # per-tier write latency histogram
         except BaseException:
             self.store.close()
             raise
@@ -200,8 +268,12 @@ class KVStreamBackend(StoragePluginInterface):
         self._zero_copy = self.options.read_into and callable(getattr(self.store, "get_meta", None)) and callable(
             getattr(self.store, "read_into", None))
         self._hook_cpu_backend_close()
-        self._log_ready()
-        self.metrics.sync_store(self.store.stats())  # capacity and usage on /metrics from the start, not the first tick
+        try:
+            self._log_ready()
+            self.metrics.sync_store(self.store.stats())  # capacity and usage on /metrics from the start
+        except BaseException:
+            self.close()  # unhooks LMCache's CPU backend, stops the queues, closes the store
+            raise
 
     def _hook_cpu_backend_close(self) -> None:
         """Quiesce before LMCache frees its CPU arena.
@@ -220,7 +292,7 @@ class KVStreamBackend(StoragePluginInterface):
 
         self._cpu_close_hook = close_after_kvstream
         self._cpu_close_original = original
-        cpu.close = close_after_kvstream  # type: ignore[method-assign]
+        cpu.close = close_after_kvstream
 
     def __str__(self) -> str:
         return "KVStreamBackend"
@@ -228,11 +300,12 @@ class KVStreamBackend(StoragePluginInterface):
     def _log_ready(self) -> None:
         st = self.store.stats()
         tiers = ", ".join(
-            f"{name}={t['path']} ({t['chunks']} chunks, {t['used_bytes'] / 1e9:.2f}/{t['capacity_bytes'] / 1e9:.0f} GB,"
-            f" O_DIRECT {'on' if t['direct_io'] else 'off'})"
-            for name, t in st["tiers"].items())
-        logger.info("kvstream: plugin ready (%s): tiers %s; router %s, replication %s, io engine %s",
-                    self.options.store_source, tiers, st["router"], st["replication"], st["io_engine"])
+            f"{name}={t.path} ({t.chunks} chunks, {t.used_bytes / 1e9:.2f}/{t.capacity_bytes / 1e9:.0f} GB,"
+            f" O_DIRECT {'on' if t.direct_io else 'off'})"
+            for name, t in st.tiers.items())
+        logger.info("kvstream: plugin ready (%s%s): tiers %s; router %s, replication %s, io engine %s",
+                    self.options.store_source, ", strict" if self.options.strict else "", tiers, st.router,
+                    st.replication, st.io_engine)
 
     # -- lookups --------------------------------------------------------------------------------------------
     def _held_prefix(self, keys: Sequence[CacheEngineKey]) -> int:
@@ -324,7 +397,7 @@ class KVStreamBackend(StoragePluginInterface):
         skeys = self._keys.many(list(keys))
         if self._zero_copy:
             return self._finish_batch(self._read_into_batch(skeys, t0), path, t0)
-        copies: list[tuple[int, MemoryObj, Future, str, int, float]] = []
+        copies: list[tuple[int, MemoryObj, Future[None], str, int, float]] = []
         try:
             held = self.store.lookup(skeys)
             self.metrics.missed("absent", n - held)
@@ -430,7 +503,9 @@ class KVStreamBackend(StoragePluginInterface):
             return [None] * len(keys)
         return self._read_batch(keys, "sync")
 
-    def get_non_blocking(self, key: CacheEngineKey, location: Optional[str] = None) -> Optional[Future]:
+    def get_non_blocking(
+        self, key: CacheEngineKey, location: Optional[str] = None
+    ) -> Optional[Future[Optional[MemoryObj]]]:
         if self._closed or not self.contains(key):
             return None
         try:
@@ -489,7 +564,7 @@ class KVStreamBackend(StoragePluginInterface):
         objs = objs[: len(keys)]
         gap = next((i for i, o in enumerate(objs) if o is None), len(objs))
         _release_all(objs[gap:])  # _read_batch already cut at the first gap; this only guards the invariant
-        return objs[:gap]  # type: ignore[return-value]
+        return cast("list[MemoryObj]", objs[:gap])  # no None before the first gap
 
     def cancel_request(self, req_id: str) -> None:
         with self._lock:
@@ -579,7 +654,7 @@ class KVStreamBackend(StoragePluginInterface):
             st = self.store.stats()
             self.metrics.sync_store(st)
             logger.info("kvstream: closed%s; %d puts stored, write amplification %.2f, %d chunks read from disk, "
-                        "%d misses", "" if ok else " (some queued puts were not stored)", int(st["puts"]),
-                        st["write_amplification"], int(st["disk_hits"]), int(st["misses"]))
+                        "%d misses", "" if ok else " (some queued puts were not stored)", st.puts,
+                        st.write_amplification, st.disk_hits, st.misses)
         except KVStreamError as exc:
             logger.error("kvstream: close failed: %s", exc)

@@ -111,6 +111,15 @@ class AlignedBuffer:
 
     __slots__ = ("_mm", "_off", "_whole", "capacity", "address", "hugepages", "_anchor", "_exp", "_slab",
                  "__weakref__")
+    _mm: mmap.mmap  # the mapping (a slot's: its slab's, shared)
+    _off: int  # where the buffer starts in it
+    _whole: bool  # the buffer is the whole mapping
+    capacity: int
+    address: int
+    hugepages: bool
+    _anchor: ctypes.c_char | None  # an own buffer's export of its mapping (None for a slot)
+    _exp: ctypes.Array[ctypes.c_ubyte] | None  # a slot's exporter: a ctypes array over just the slot
+    _slab: _Slab | None  # the slab a slot belongs to
 
     def __init__(self, capacity: int, hugepages: bool | None = None) -> None:
         if capacity <= 0 or capacity % ALIGN:
@@ -142,9 +151,10 @@ class AlignedBuffer:
         self.capacity = slab.slot_bytes
         self.hugepages = slab.hugepages
         self._anchor = None
-        self._exp = (ctypes.c_ubyte * slab.slot_bytes).from_buffer(slab.mm, off)
+        exp = (ctypes.c_ubyte * slab.slot_bytes).from_buffer(slab.mm, off)
+        self._exp = exp
         self._slab = slab
-        self.address = ctypes.addressof(self._exp)
+        self.address = ctypes.addressof(exp)
         return self
 
     def _mv(self) -> memoryview:
@@ -188,6 +198,10 @@ class CallerBuffer:
     """
 
     __slots__ = ("_mv", "_anchor", "address", "capacity")
+    _mv: memoryview  # the caller's buffer, flat bytes
+    _anchor: ctypes.c_char | None  # an export that pins the caller's memory (None once released, or empty)
+    address: int
+    capacity: int
 
     def __init__(self, target: object) -> None:
         mv = memoryview(target)  # type: ignore[arg-type]
@@ -334,6 +348,7 @@ class BufferPool:
             fresh = self._fresh.get(cls)
             if fresh:
                 buf = fresh.pop()
+                assert buf._slab is not None  # fresh buffers are slab slots
                 buf._slab.nfree -= 1
                 self._in_use_bytes += cls
                 self.allocations += 1
@@ -412,7 +427,7 @@ class BufferPool:
             free = self._free[cls]
             if not any(b._slab is None for b in free):
                 continue
-            keep = []
+            keep: list[AlignedBuffer] = []
             while free and need > 0:
                 b = free.pop()
                 if b._slab is not None:

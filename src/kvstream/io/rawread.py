@@ -158,7 +158,7 @@ def advise_hugepages(buf: AlignedBuffer) -> bool:
     """
     if buf.capacity < _HUGE or not hasattr(mmap, "MADV_HUGEPAGE"):
         return False
-    return _libc.madvise(buf.address, buf.capacity, mmap.MADV_HUGEPAGE) == 0
+    return bool(_libc.madvise(buf.address, buf.capacity, mmap.MADV_HUGEPAGE) == 0)
 
 
 def _new_buffer(size: int, hugepages: bool) -> AlignedBuffer:

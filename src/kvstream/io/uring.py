@@ -98,7 +98,7 @@ import struct
 import threading
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from kvstream.errors import StoreClosedError, UsageError
 from kvstream.io.engine import DEFAULT_DEPTH, DEFAULT_MAX_BYTES, IOEngine, IOOp, OpKind, Ring, _LimitedBacklog
@@ -178,7 +178,7 @@ _syscall.argtypes = [ctypes.c_long] * 7
 
 
 def _sys(nr: int, a: int = 0, b: int = 0, c: int = 0, d: int = 0, e: int = 0, f: int = 0) -> int:
-    ret = _syscall(nr, a, b, c, d, e, f)
+    ret: int = _syscall(nr, a, b, c, d, e, f)
     if ret < 0:
         err = ctypes.get_errno()
         raise OSError(err, os.strerror(err))
@@ -289,13 +289,18 @@ class _RawRing:
         array = p.sq_off.array // 4
         for i in range(p.sq_entries):
             sq32[array + i] = i
-        self._sq_tail = sq32[self._sq_ktail]
-        self._cq_head = cq32[self._cq_khead]
+        self._sq_tail: int = sq32[self._sq_ktail]
+        self._cq_head: int = cq32[self._cq_khead]
         self.overflow_seen = 0
 
         if ordered is None:
             ordered = _arch() != "x86_64"
         self.ordered = ordered
+        # The ring's shared indices, read with acquire and written with release semantics.
+        self._load_sq_head: Callable[[], int]
+        self._store_sq_tail: Callable[[int], None]
+        self._load_cq_tail: Callable[[], int]
+        self._store_cq_head: Callable[[int], None]
         if ordered:
             lib = _libatomic()
             if lib is None:

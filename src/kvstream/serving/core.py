@@ -24,12 +24,23 @@ Actions the driver must carry out, in the order given:
   when the GPU goes idle; without, right after the :class:`WriteChunks`.
 - :class:`ReleaseChunks` — unpin chunks a load pinned (the GPU has them now).
 
-Compute joins the load (``ServingConfig.compute``): a blocking load's :class:`StartLoad` carries
-``compute_s``, the GPU seconds to recompute each chunk of each item at its prefix position (the cost
-model's marginal prefill cost, over the share of the GPU free for it: :func:`kvstream.compute.gpu_share`). The
-store's read step may recompute that item's leading chunks while the tiers read the rest
-(:mod:`kvstream.compute`); :class:`LoadDone` says how many (``computed``): they are on the GPU, not pinned in
-host memory, and the step's prefill treats them as cached.
+Compute joins the load (``ServingConfig.compute``): a load's :class:`StartLoad` carries ``compute_s``, the
+GPU seconds to recompute each chunk of each item at its prefix position (the cost model's marginal prefill
+cost, over the share of the GPU free for it: :func:`kvstream.compute.gpu_share`: all of it for a blocking load,
+which the GPU waits for; for a background one the smaller of the batch's free share and the GPU's recent idle
+share (its steps' busy fraction), and no costs at all, so no compute, when the batch is full or the GPU never
+idles). The store's read step gives every item its own front/back split
+(:func:`kvstream.compute.split_load`): the GPU recomputes the items' leading chunks while the tiers read the
+rest; :class:`LoadDone` says how many per item (``computed``): they are on the GPU, not pinned in host memory,
+and the step's prefill treats them as cached. A background load's recompute ran beside the steps: the share of
+its GPU seconds (at the whole GPU) that overlapped steps is added to the next step's duration, so the GPU's
+work is conserved (otherwise the model would be optimistic: the steps would not slow down for it).
+
+Partly ready (Bidaw with compute, and the driver's :class:`~kvstream.compute.ComputePolicy` passed as
+``compute``): at arrival the core asks the policy for the front it would recompute of a request's disk KV
+(:meth:`~kvstream.compute.ComputePolicy.estimate`, at the GPU share a background load gets) and tells the
+scheduler (``RequestInfo.compute_bytes``): the request waits on the disk for its back only, and disk-HRRN
+ranks it by those bytes (:mod:`kvstream.scheduling`). A synchronous query of the policy, like ``lookup``.
 
 Request lifecycle in the core (one table; anything else is a bug and raises)::
 
@@ -66,6 +77,7 @@ from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from enum import Enum
 
+from kvstream.compute import ComputePolicy, gpu_share
 from kvstream.errors import UsageError
 from kvstream.scheduling import Candidate, LoadOrder, RequestInfo, Scheduler, SchedulerConfig, make_scheduler
 from kvstream.serving.gpu import CostModel
@@ -170,7 +182,7 @@ class ServingConfig:
     max_background_loads: int = 1  # prefetch loads in flight at once
     prefetch_budget_chunks: int | None = None  # chunks read from disk ahead of the GPU, held until it has them
     hbm_capacity_tokens: int | None = None  # default: the cost model's KV capacity
-    compute: bool = False  # blocking loads may recompute their first item's front (kvstream.compute)
+    compute: bool = False  # loads may recompute their items' fronts (kvstream.compute)
 
     def __post_init__(self) -> None:
         if self.admit not in ("fcfs", "ready"):
@@ -271,16 +283,21 @@ class _Step:
     load_s: float = 0.0
     load_bytes: int = 0
     pending_loads: int = 0
+    run_start: float = math.nan  # when its forward pass started (after its loads)
 
 
 class ServingCore:
     """One serving instance (one TP group). See the module docstring for the protocol."""
 
     def __init__(self, cost: CostModel, lookup: Lookup, config: ServingConfig | None = None, *,
-                 chunk_bytes: int | None = None, scheduler: Scheduler | None = None) -> None:
+                 chunk_bytes: int | None = None, scheduler: Scheduler | None = None,
+                 compute: ComputePolicy | None = None) -> None:
         self.cost = cost
         self.cfg = config or ServingConfig()
         self._lookup = lookup
+        # The driver's compute policy (the store's), asked for a waiting request's front (partly ready). None:
+        # the scheduler sees whole loads.
+        self.compute = compute if self.cfg.compute else None
         self.chunk_bytes = chunk_bytes if chunk_bytes is not None else cost.model.chunk_bytes(CHUNK_TOKENS)
         cap = self.cfg.hbm_capacity_tokens or int(cost.kv_capacity_bytes // cost.kv_bytes_per_token)
         self.hbm = HbmCache(cap)
@@ -298,6 +315,13 @@ class ServingCore:
         self._step: _Step | None = None  # the step being loaded or computed
         self._seq_loads: deque[tuple[int, tuple[Hashable, ...]]] = deque()  # load_mode=request: items left
         self._flush_pending = False
+        # GPU seconds background loads recomputed while steps ran: charged to the next step (the GPU did that
+        # work instead of the steps' work; the recompute itself was modelled at the GPU's free share)
+        self._gpu_debt = 0.0
+        self._gpu_busy_s = 0.0  # seconds of forward passes finished so far
+        self._util = 0.0  # the GPU's recent busy fraction (an exponential average over steps)
+        self._util_t: float | None = None  # when it was last updated
+        self._bg_busy0: dict[int, float] = {}  # background load -> GPU busy seconds when it started
         # decoding: counter of decode steps run, heap of (finish counter, rid)
         self._dcount = 0
         self._n_dec = 0
@@ -353,6 +377,7 @@ class ServingCore:
         self.scheduler.on_arrival(RequestInfo(
             request_id=r.rid, arrival=req.arrival, prompt_tokens=req.input_tokens, output_tokens=req.output_tokens,
             memory_bytes=r.in_host * self.chunk_bytes, disk_bytes=r.kv_bytes, session=req.session,
+            compute_bytes=self._front_bytes(r),
         ), now=now)
         self._reqs[r.rid] = r
         self._n_waiting += 1
@@ -373,8 +398,6 @@ class ServingCore:
             if n > len(item) or c > n:
                 raise UsageError(f"LoadDone {ev.load_id}: request {r.rid} has {n} chunks available ({c} computed) "
                                  f"of {len(item)} asked")
-            if c and step is None:
-                raise UsageError(f"LoadDone {ev.load_id}: a background load cannot recompute")
             if n > c:
                 r.pins.append(item[c:n])
             r.avail = n
@@ -382,6 +405,15 @@ class ServingCore:
             r.present = n  # anything past the first lost chunk is recomputed
             r.rec.load_s += now - start
         if step is None:  # background
+            busy0 = self._bg_busy0.pop(ev.load_id, 0.0)
+            # The recompute competed with the steps that ran meanwhile: that share of its GPU seconds (at the
+            # whole GPU) is the steps' loss; the rest ran while the GPU was idle.
+            overlap = min(max((self._busy(now) - busy0) / (now - start), 0.0), 1.0) if now > start else 0.0
+            for r in reqs:
+                c = computed.get(r.rid, 0)
+                if c and overlap:
+                    self._gpu_debt += overlap * sum(
+                        self.cost.recompute_chunk_s((r.hbm_hit + j) * CHUNK_TOKENS, CHUNK_TOKENS) for j in range(c))
             self._bg_inflight -= 1
             self.metrics.background_loads.append(now - start)
             for r in reqs:
@@ -402,6 +434,11 @@ class ServingCore:
             raise UsageError(f"StepDone for step {ev.step_id}, but the running step is "
                              f"{step.step_id if step else None}")
         self._step = None
+        ran = now - step.run_start
+        self._gpu_busy_s += ran
+        since = now - (self._util_t if self._util_t is not None else step.run_start)
+        self._util = 0.7 * self._util + 0.3 * (min(ran / since, 1.0) if since > 0 else 1.0)
+        self._util_t = now
         done: list[int] = []
         # Decodes of this step.
         if step.n_dec:
@@ -496,6 +533,7 @@ class ServingCore:
                     for p in r.pins:
                         out.append(ReleaseChunks(chunk_ids=p))
                     r.pins.clear()
+                r.computed = 0
                 loads.append((r.rid, self._item(r)))
         if not loads:
             self._start_compute(step, now, out)
@@ -517,16 +555,36 @@ class ServingCore:
                              compute_s=tuple(self._compute_costs(r, len(it)) for r, (_, it) in zip(reqs, items))
                              if self.cfg.compute else ()))
 
-    def _compute_costs(self, r: _Req, n: int) -> tuple[float, ...]:
-        """GPU seconds to recompute each of the ``n`` chunks of ``r``'s item at its prefix position. The load
-        blocks the step, so the whole GPU is free for it (``gpu_share``): nothing else runs until it ends."""
-        from kvstream.compute import gpu_share
-
-        share = gpu_share(self._n_dec, self.cfg.max_running, blocking=True)
+    def _compute_costs(self, r: _Req, n: int, blocking: bool = True) -> tuple[float, ...]:
+        """GPU seconds to recompute each of the ``n`` chunks of ``r``'s item at its prefix position, over the
+        share of the GPU compute may use (``gpu_share``): a blocking load holds the step, so all of it (nothing
+        else runs until it ends; the load's items share it, one chunk at a time); a background load competes
+        with the running batch's prefill and decodes, so the smaller of the batch's free share and the GPU's
+        recent idle share, and nothing (no costs: no compute) when the batch is full or the GPU never idles."""
+        share = gpu_share(len(self.scheduler.running), self.cfg.max_running, blocking=blocking, busy=self._util)
         if share <= 0:
             return ()
         return tuple(self.cost.recompute_chunk_s((r.hbm_hit + j) * CHUNK_TOKENS, CHUNK_TOKENS) / share
                      for j in range(n))
+
+    def _busy(self, now: float) -> float:
+        """Seconds the GPU has run forward passes so far (the step running now counted up to ``now``)."""
+        step = self._step
+        running = now - step.run_start if step is not None and not math.isnan(step.run_start) else 0.0
+        return self._gpu_busy_s + running
+
+    def _front_bytes(self, r: _Req) -> int:
+        """Of ``r``'s disk bytes, the front the compute policy would recompute in a background load now (what
+        the scheduler's partly-ready ranking and staging use). Only a whole item on disk has a chain (its
+        leading chunks in host memory would end it at once), so anything else is 0."""
+        if (self.compute is None or self.cfg.prefetch == "none" or not r.kv_bytes or r.in_host
+                or not r.present):
+            return 0  # no background loads (FCFS: nothing to rank), or nothing a chain could start with
+        costs = self._compute_costs(r, r.present, blocking=False)
+        if not costs:
+            return 0
+        m = self.compute.estimate(costs, [self.chunk_bytes] * r.present)
+        return min(m, r.present) * self.chunk_bytes
 
     @staticmethod
     def _meta(r: _Req) -> tuple[Hashable | None, int | None, int, int]:
@@ -544,14 +602,17 @@ class ServingCore:
             hit = self.hbm.match(r.req.chunk_ids)
             if hit > r.hbm_hit:
                 end = r.hbm_hit + r.avail
+                r.computed = max(r.computed - (hit - r.hbm_hit), 0)  # its recomputed front: HBM has it now
                 r.hbm_hit = hit
                 r.avail = r.present = max(end - hit, 0)
             elif hit < r.hbm_hit:
                 # A gap opened between HBM and the pinned item: look again and load (pins are dropped).
                 self._locate(r)
                 r.avail = 0
+                r.computed = 0
         disk = 0 if r.prefetched and r.avail == r.present else r.kv_bytes
-        return Candidate(tokens=max(r.req.input_tokens - (r.hbm_hit + r.present) * CHUNK_TOKENS, 1), disk_bytes=disk)
+        return Candidate(tokens=max(r.req.input_tokens - (r.hbm_hit + r.present) * CHUNK_TOKENS, 1), disk_bytes=disk,
+                         compute_bytes=self._front_bytes(r) if disk else 0)
 
     def _pick_batch(self, now: float, out: list[Action]) -> list[_Req]:
         batch: list[_Req] = []
@@ -614,9 +675,12 @@ class ServingCore:
             lid = self._next_load
             self._next_load += 1
             self._loads[lid] = (None, [r], now)
+            self._bg_busy0[lid] = self._busy(now)
             self._bg_inflight += 1
-            out.append(StartLoad(load_id=lid, items=((r.rid, self._item(r)),), background=True,
-                                 metas=(self._meta(r),)))
+            item = self._item(r)
+            costs = self._compute_costs(r, len(item), blocking=False) if self.cfg.compute else ()
+            out.append(StartLoad(load_id=lid, items=((r.rid, item),), background=True,
+                                 metas=(self._meta(r),), compute_s=(costs,) if costs else ()))
         return emptied
 
     def _start_compute(self, step: _Step, now: float, out: list[Action]) -> None:
@@ -635,6 +699,12 @@ class ServingCore:
         step.load_bytes = moved * self.chunk_bytes
         duration = self.cost.step_time_agg(prefills, step.n_dec, step.sum_ctx)
         duration += self.cost.host_load_s(step.load_bytes)
+        if self._gpu_debt:  # background recompute shared the GPU with the steps since the last one
+            duration += self._gpu_debt
+            self.metrics.counters["background_compute_us"] = (self.metrics.counters.get("background_compute_us", 0)
+                                                              + round(self._gpu_debt * 1e6))
+            self._gpu_debt = 0.0
+        step.run_start = now
         out.append(StartStep(step_id=step.step_id, duration=duration, prefills=len(step.batch), decodes=step.n_dec))
         if self._flush_pending:
             self._flush_pending = False

@@ -12,10 +12,13 @@ window (:meth:`StoreBackend.set_window`).
 Compute joins the meeting (``compute``: a :class:`kvstream.compute.ComputePolicy`): a load whose
 :class:`StartLoad` carries ``compute_s`` runs as the store's own read step with a compute source (the store's
 plan of the read, its :class:`~kvstream.reader.Reader` and its end-of-step accounting, given the policy's
-:class:`~kvstream.read_step.ComputePlan`; ``Store.read_chunks`` takes no plan yet). The modelled GPU's
-recompute of a chunk is a timer of its modelled seconds on the reader; computed chunks are reported in
-``LoadDone.computed`` and hold no payload. The chain, the items left to the GPU and the per-item counts are
-:mod:`kvstream.compute`'s rules, the ones the simulator's store applies.
+:class:`~kvstream.read_step.ComputePlan` through ``Store.read_chunks(compute=...)``). Every request of the
+load gets its own front/back split (:func:`kvstream.compute.split_load`): the keys go to the store in the
+order that rule gives the step (the merged chain of the requests' fronts first), since the store's step keeps
+the order it is given. The modelled GPU's recompute of a chunk is a timer of its modelled seconds on the
+reader; computed chunks are reported in ``LoadDone.computed`` (per request, its leading run) and hold no
+payload. The chain, the split and the per-item counts are :mod:`kvstream.compute`'s rules, the ones the
+simulator's store applies.
 
 No copies: a load keeps the store's payload views (each pins its buffer) until the core releases the chunks.
 Each load is recorded (:class:`LoadRecord`) for replay's per-load GB/s (:func:`disk_load_gbps`).
@@ -65,17 +68,24 @@ def disk_load_gbps(loads: Sequence[LoadRecord]) -> tuple[float, float, int]:
     spans = sorted((lo.start, lo.end) for lo in loads if lo.disk_bytes > 0)
     total = sum(lo.disk_bytes for lo in loads if lo.disk_bytes > 0)
     busy = 0.0
-    cur_s = cur_e = None
+    cur_s = cur_e = 0.0
+    started = False
     for s_, e_ in spans:
-        if cur_e is None or s_ > cur_e:
-            if cur_e is not None:
+        if not started or s_ > cur_e:
+            if started:
                 busy += cur_e - cur_s
-            cur_s, cur_e = s_, e_
+            cur_s, cur_e, started = s_, e_, True
         else:
             cur_e = max(cur_e, e_)
-    if cur_e is not None:
+    if started:
         busy += cur_e - cur_s
     return (total / busy / 1e9 if busy > 0 else 0.0), busy, total
+
+
+def _meta4(meta: Sequence[Any]) -> tuple[Hashable | None, int | None, int | None, int | None]:
+    """A load's item metadata (session, previous answer tokens, turn, first chunk's position), padded."""
+    m = tuple(meta) + (None,) * (4 - len(meta))
+    return m[0], m[1], m[2], m[3]
 
 
 class StoreBackend(RealtimeBackend):
@@ -126,33 +136,40 @@ class StoreBackend(RealtimeBackend):
         self._pool.submit(self._load, action, post)
 
     def _load(self, action: StartLoad, post: Callable[[LoadDone], None]) -> None:
+        from kvstream.compute import compute_order_hint, leading_computed
+
         t0 = time.perf_counter()
-        keys: list[bytes] = []
-        metas: list[AccessMeta | None] = []
-        index: dict[bytes, int] = {}
-        for j, (_, chunks) in enumerate(action.items):
-            session, prev, turn, first = (tuple(action.metas[j]) + (None, None))[:4] if j < len(action.metas) \
-                else (None, None, None, None)
-            for p, c in enumerate(chunks):
-                k = self.key(c)
-                if k not in index:
-                    index[k] = len(keys)
-                    keys.append(k)
+        item_keys = [[self.key(c) for c in chunks] for _, chunks in action.items]
+        by_key: dict[bytes, AccessMeta | None] = {}
+        for j, ks in enumerate(item_keys):
+            session, prev, turn, first = _meta4(action.metas[j] if j < len(action.metas) else ())
+            for p, k in enumerate(ks):
+                if k not in by_key:
                     # Per chunk: Bidaw's hit-potential eviction groups a session's chunks into visits (turn) and
                     # shrinks a prefix from its tail (position).
-                    metas.append(AccessMeta(session=session, prev_answer_tokens=prev, round_index=turn,
+                    by_key[k] = (AccessMeta(session=session, prev_answer_tokens=prev, round_index=turn,
                                             position=None if first is None else first + p)
                                  if session is not None else None)
+        with_compute = self.compute is not None and bool(action.compute_s)
+        if with_compute:
+            # The order split_load gives the read step (the merged chain of every item's front first): the
+            # store's read step keeps the order of the keys it is given.
+            mem = self.store.memory
+            keys = compute_order_hint(item_keys, action.compute_s, {k for k in by_key if k in mem})
+        else:
+            keys = list(by_key)
+        index = {k: i for i, k in enumerate(keys)}
+        metas = [by_key[k] for k in keys]
         got = [False] * len(keys)
         data: dict[bytes, memoryview] = {}
         disk_bytes = mem_bytes = 0
-        computed: list[int] = []  # key indices the GPU recomputed
+        done: set[bytes] = set()  # keys the GPU recomputed
         try:
-            compute = self._compute_request(action) if self.compute is not None and action.compute_s else None
+            compute = self._compute_request(action, item_keys) if with_compute else None
             for i, chunk in self.store.read_chunks(keys, metas=metas, compute=compute):
                 if chunk is RECOMPUTED:
                     got[i] = True
-                    computed.append(i)
+                    done.add(keys[i])
                     continue
                 if chunk is not None:
                     got[i] = True
@@ -166,25 +183,18 @@ class StoreBackend(RealtimeBackend):
             log.exception("replay: a load failed part-way; the chunks that landed are used, the rest recomputed")
         self.loads.append(LoadRecord(start=t0, end=time.perf_counter(), disk_bytes=disk_bytes,
                                      memory_bytes=mem_bytes, background=action.background))
-        from kvstream.compute import computed_per_item
-
         avail = []
-        item_keys = [[self.key(c) for c in chunks] for _, chunks in action.items]
-        lead = 0  # the leading run of the first item the GPU recomputed (key index == its position)
-        done = set(computed)
-        while lead in done:
-            lead += 1
+        for ks in item_keys:
+            n = 0
+            while n < len(ks) and got[index[ks[n]]]:
+                n += 1
+            avail.append(n)
+        # Per item, the leading run the GPU recomputed: on the GPU, nothing staged (kvstream.compute).
+        counts = leading_computed(item_keys, done, avail)
         with self._lock:
-            for rid, chunks in action.items:
-                n = 0
-                for c in chunks:
-                    k = self.key(c)
-                    if not got[index[k]]:
-                        break
-                    n += 1
-                    if index[k] in done and index[k] < lead:
-                        continue  # on the GPU: nothing staged
-                    if index[k] in done and k not in data:
+            for ks, n, c in zip(item_keys, avail, counts):
+                for k in ks[c:n]:
+                    if k in done and k not in data:
                         # Recomputed behind a chunk a tier delivered: staged as if loaded (the core charges its
                         # host->GPU move; pessimistic, as the simulator's store is).
                         data[k] = memoryview(self.payload)
@@ -193,38 +203,35 @@ class StoreBackend(RealtimeBackend):
                         self._staged[k] = (data.pop(k), 1)
                     else:
                         self._staged[k] = (held[0], held[1] + 1)
-                avail.append((rid, n))
         for unused in data.values():  # landed after a missing chunk, or already staged by another load
             unused.release()
         self.load_s.append(time.perf_counter() - t0)
-        counts = computed_per_item(item_keys, lead, [n for _, n in avail])
-        self.computed_chunks += len(computed)
-        post(LoadDone(load_id=action.load_id, available=tuple(avail),
-                      computed=tuple((rid, c) for (rid, _), c in zip(avail, counts) if c)))
+        self.computed_chunks += len(done)
+        post(LoadDone(load_id=action.load_id, available=tuple((rid, n) for (rid, _), n in zip(action.items, avail)),
+                      computed=tuple((rid, c) for (rid, _), c in zip(action.items, counts) if c)))
 
-    def _compute_request(self, action: StartLoad) -> Callable[[list[bytes], list[list[int]]], ComputeRequest]:
-        """The GPU's part of a load for ``Store.read_chunks(compute=...)``: which requests it recomputes whole
-        (not read), and the front of the first request it recomputes while the tiers read the back."""
-        from kvstream.compute import chain_length, items_to_skip
+    def _compute_request(self, action: StartLoad, item_keys: list[list[bytes]]
+                         ) -> Callable[[list[bytes], list[list[int]]], ComputeRequest]:
+        """The GPU's part of a load for ``Store.read_chunks(compute=...)``: every request's own front/back
+        split (:func:`kvstream.compute.split_load`, the simulator's store's rule), over the chunks the store
+        must read, in the order they were given (the keys came in :func:`~kvstream.compute.compute_order_hint`'s
+        order, so the merged chain leads them unless host memory changed meanwhile)."""
+        from kvstream.compute import split_load
 
         pol = self.compute
         assert pol is not None
-        item_keys = [[self.key(c) for c in chunks] for _, chunks in action.items]
 
         def request(disk_keys: list[bytes], holders: list[list[int]]) -> ComputeRequest:
-            on_disk = dict(zip(disk_keys, holders))
-            skip = items_to_skip(pol, item_keys, on_disk, action.compute_s, self.chunk_bytes)
-            leave = frozenset(k for it, first in skip.items() for k in item_keys[it][first:] if k in on_disk)
-            read = [(k, hs) for k, hs in zip(disk_keys, holders) if k not in leave]
-            chain = min(chain_length(item_keys, [k for k, _ in read]), len(action.compute_s[0]))
-            tiers = sorted(set().union(*(set(hs) for _, hs in read))) if read else None
-            plan = pol.plan(action.compute_s[0][:chain], [self.chunk_bytes] * len(read), tiers)
+            split = split_load(pol, item_keys, disk_keys, holders, action.compute_s, self.chunk_bytes,
+                               reorder=False)
+            on_disk = set(disk_keys)
+            leave = frozenset(k for it, first in split.leave.items() for k in item_keys[it][first:] if k in on_disk)
 
             def observe(step: ReadStep) -> None:
                 for t in range(len(step.tier_bytes)):
                     pol.observe(t, step.tier_bytes[t], step.busy_s[t])
 
-            return ComputeRequest(leave=leave, plan=plan, on_step=observe)
+            return ComputeRequest(leave=leave, plan=split.plan, on_step=observe)
 
         return request
 
@@ -255,7 +262,7 @@ class StoreBackend(RealtimeBackend):
 
     @property
     def wants_window(self) -> bool:
-        return self.store.memory.queue_aware
+        return bool(self.store.memory.queue_aware)
 
     def set_window(self, sessions: Sequence[Hashable]) -> None:
         self.store.memory.set_window(sessions)
@@ -281,7 +288,7 @@ class StoreBackend(RealtimeBackend):
 
     def sample(self) -> dict[str, int]:
         out: dict[str, int] = {}
-        for name, t in self.store.stats()["tiers"].items():
+        for name, t in self.store.stats().as_dict()["tiers"].items():
             out[f"{name}.read"] = int(t["read_bytes"])
             out[f"{name}.write"] = int(t["write_bytes"])
         return out

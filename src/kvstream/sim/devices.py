@@ -264,11 +264,13 @@ class Device:
                     q.rate = min(r, self.client_bw) if self.client_bw else r
                 continue
             # Water-filling: every op alike, no client above its link's bandwidth.
-            order = sorted(qs.values(), key=lambda q: self.client_bw / len(q.heap))
+            client_bw = self.client_bw
+            assert client_bw is not None  # the branch above took the uncapped case
+            order = sorted(qs.values(), key=lambda q: client_bw / len(q.heap))
             left_bw, left_ops = total, self._n[k]
             for q in order:
                 fair = left_bw * len(q.heap) / left_ops
-                q.rate = min(fair, self.client_bw)
+                q.rate = min(fair, client_bw)
                 left_bw -= q.rate
                 left_ops -= len(q.heap)
 

@@ -20,9 +20,9 @@ from typing import Any
 
 import numpy as np
 
-from kvstream.eviction import make_eviction_policy
+from kvstream.eviction import EvictionPolicy, make_eviction_policy
 from kvstream.replication import parse_replication
-from kvstream.read_windows import make_read_windows
+from kvstream.read_windows import ReadWindows, make_read_windows
 from kvstream.routing import parse_router
 from kvstream.serving.core import (
     Action,
@@ -47,19 +47,40 @@ from kvstream.workload.request import CHUNK_TOKENS, Request
 __all__ = ["TierModel", "SystemConfig", "Hardware", "SimNode", "SimResult", "simulate", "parse_background"]
 
 
+_BACKGROUND_FORMS = {"steady": "steady:SHARE", "periodic": "periodic:SHARE:PERIOD_S:DUTY[:PHASE_S]",
+                     "bursty": "bursty:SHARE:MEAN_ON_S:MEAN_OFF_S[:CV]"}
+_BACKGROUND_ARITY = {"steady": (1, 1), "periodic": (3, 4), "bursty": (3, 4)}
+
+
 def parse_background(spec: str | None, seed: int = 0) -> Background | None:
-    """``steady:SHARE`` | ``periodic:SHARE:PERIOD:DUTY`` | ``bursty:SHARE:MEAN_ON:MEAN_OFF`` | None."""
+    """``steady:SHARE`` | ``periodic:SHARE:PERIOD:DUTY[:PHASE]`` | ``bursty:SHARE:MEAN_ON:MEAN_OFF[:CV]`` | None.
+    A wrong kind, a wrong number of values, a value that is not a number, a share outside [0, 1] or a
+    non-positive time raise ValueError naming the form expected (before, an extra value became the name)."""
     if not spec or spec == "none":
         return None
     kind, *args = spec.split(":")
-    vals = [float(a) for a in args]
+    if kind not in _BACKGROUND_FORMS:
+        raise ValueError(f"unknown background traffic {spec!r}; expected one of: "
+                         f"{', '.join(_BACKGROUND_FORMS.values())} or none")
+    lo, hi = _BACKGROUND_ARITY[kind]
+    if not lo <= len(args) <= hi:
+        raise ValueError(f"background traffic {spec!r}: expected {_BACKGROUND_FORMS[kind]}")
+    try:
+        vals = [float(a) for a in args]
+    except ValueError:
+        raise ValueError(f"background traffic {spec!r}: every value must be a number "
+                         f"({_BACKGROUND_FORMS[kind]})") from None
+    if not all(math.isfinite(v) for v in vals) or not 0.0 <= vals[0] <= 1.0:
+        raise ValueError(f"background traffic {spec!r}: SHARE must be in [0, 1] and every value finite")
     if kind == "steady":
-        return Steady(*vals)
+        return Steady(share=vals[0])
+    if any(v <= 0 for v in vals[1:3]):
+        raise ValueError(f"background traffic {spec!r}: the times must be > 0 ({_BACKGROUND_FORMS[kind]})")
     if kind == "periodic":
-        return Periodic(*vals)
-    if kind == "bursty":
-        return Bursty(*vals, seed=seed)
-    raise ValueError(f"unknown background traffic {spec!r}; expected steady:S, periodic:S:P:D or bursty:S:ON:OFF")
+        if not 0.0 <= vals[2] <= 1.0:
+            raise ValueError(f"background traffic {spec!r}: DUTY must be in [0, 1]")
+        return Periodic(share=vals[0], period=vals[1], duty=vals[2], phase=vals[3] if len(vals) > 3 else 0.0)
+    return Bursty(share=vals[0], mean_on=vals[1], mean_off=vals[2], cv=vals[3] if len(vals) > 3 else 1.5, seed=seed)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -75,6 +96,9 @@ class TierModel:
     background: str | None = None  # other tenants, e.g. "periodic:0.6:20:0.5"
     shared: bool = False  # one device for all nodes (a PFS)
     read_window: int = 2  # chunks in flight per load on this tier
+    # The store's claim window in bytes (TierConfig.read_inflight_bytes), instead of read_window chunks: a
+    # tier claims a read while it fits whole, and may always have one. None: read_window chunks.
+    read_window_bytes: int | None = None
     write_depth: int = 4
     capacity_bytes: float | None = None  # this node's share; None = unlimited
     client_bw: float | None = None  # shared tier: each node's link to it (bytes/s); None = uncapped
@@ -95,6 +119,15 @@ class SystemConfig:
     # "fixed": each tier keeps read_window chunks in flight (the paper's setting, and what the published
     # figures in docs/bench/sim.md used); "balanced": the store's default, kvstream.read_windows.
     read_windows: str = "fixed"
+    # The smallest a tier's window may shrink to (the store's: StoreConfig.chunk_bytes, or 0 when it is not set).
+    # It also sets the read-ahead bound (the sum of the windows: refills stop while that many bytes have landed
+    # unchecked), so a store whose windows are smaller than a chunk refills only after the consumer checked a read.
+    # None: one chunk.
+    read_window_floor_bytes: int | None = None
+    # The store's write backlog valve (TierConfig.write_backlog_bytes; the store's default is half its host memory):
+    # a second copy is skipped and owed while its tier's unfinished writes exceed it, and paid back by a catch-up
+    # pass (kvstream.sim.storage). None: off (writes queue without limit; the published figures used that).
+    write_backlog_bytes: float | None = None
     # Compute joins the meeting: blocking loads may recompute their first request's front on the GPU while the
     # tiers read the rest (kvstream.compute; needs serving.compute, which kvstream's system helper sets).
     compute: bool = False
@@ -191,6 +224,9 @@ class SimResult:
     wall_s: float
     events: int
     requests: int
+    # Per node, each disk load: (start, seconds, bound seconds, bytes read, bytes per tier) (SimStorage.read_log)
+    read_logs: list[list[tuple[float, float, float, int, tuple[int, ...]]]] = dataclasses.field(default_factory=list)
+    busy_logs: list[list[tuple[float, ...]]] = dataclasses.field(default_factory=list)  # each load's busy s per tier
 
     @property
     def requests_per_wall_s(self) -> float:
@@ -225,7 +261,7 @@ def simulate(
     slo_s: float = 1.0,
     sample_every_s: float | None = None,
     until: float | None = None,
-    record: list | None = None,
+    record: list[tuple[float, Event, tuple[Action, ...]]] | None = None,
     prewarm: Sequence[Sequence[Sequence[Any]]] | None = None,
     prewarm_tiers: Sequence[str] | None = None,
 ) -> SimResult:
@@ -273,10 +309,9 @@ def simulate(
             else system.replication(), host_eviction=_eviction(system),
             host_capacity_chunks=int(system.host_memory_bytes // chunk_bytes), chunk_bytes=chunk_bytes,
             verify_s=system.verify_s,
-            read_windows=(make_read_windows(system.read_windows, [t.read_window * chunk_bytes for t in system.tiers],
-                                            min_bytes=chunk_bytes)
-                          if system.read_windows != "fixed" else None),
+            read_windows=_read_windows(system, chunk_bytes),
             compute=compute, read_disk=system.read_disk,
+            write_backlog_bytes=None if system.write_backlog_bytes is None else int(system.write_backlog_bytes),
         )
         if prewarm is not None:
             for prefix in prewarm[i]:
@@ -289,6 +324,7 @@ def simulate(
         for n in nodes:
             n.core.metrics.tier_series.append((loop.now, n.storage.tier_bytes()))
         check_done()
+        assert sample_every_s is not None  # scheduled only when sampling is on
         loop.at(loop.now + sample_every_s, PRIO_SAMPLE, sampler)
 
     def write_watch() -> None:
@@ -328,10 +364,23 @@ def simulate(
     return SimResult(
         system=system.name, nodes=metrics, summary=summary, per_node=per_node, sim_time_s=loop.now,
         wall_s=time.perf_counter() - t_wall, events=loop.events_run, requests=sum(len(w) for w in workloads),
+        read_logs=[n.storage.read_log for n in nodes], busy_logs=[n.storage.busy_log for n in nodes],
     )
 
 
-def _eviction(system: SystemConfig):
+def _read_windows(system: SystemConfig, chunk_bytes: int) -> ReadWindows | None:
+    """The store's window policy over the tiers' budgets in bytes; None: each tier's fixed ``read_window`` chunks
+    (the model's original form, kept bit for bit when no byte budget or floor is given)."""
+    by_bytes = system.read_window_floor_bytes is not None or any(t.read_window_bytes is not None for t in system.tiers)
+    if system.read_windows == "fixed" and not by_bytes:
+        return None
+    budgets = [t.read_window_bytes if t.read_window_bytes is not None else t.read_window * chunk_bytes
+               for t in system.tiers]
+    floor = chunk_bytes if system.read_window_floor_bytes is None else system.read_window_floor_bytes
+    return make_read_windows(system.read_windows, budgets, min_bytes=floor)
+
+
+def _eviction(system: SystemConfig) -> EvictionPolicy:
     if system.host_eviction == "hit-potential":
         return make_eviction_policy("hit-potential", capacity_bytes=int(system.host_memory_bytes))
     return make_eviction_policy(system.host_eviction)

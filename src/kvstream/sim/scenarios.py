@@ -23,10 +23,12 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from types import ModuleType
+from typing import Any, TypedDict, cast
 
 import numpy as np
 
+from kvstream.replication import CopyOrder, ReadObservation, WriteIntent
 from kvstream.serving.core import ServingConfig
 from kvstream.sim.devices import LatencyTail, sigma_from_pcts
 from kvstream.sim.driver import Hardware, SimResult, SystemConfig, TierModel, simulate
@@ -68,7 +70,7 @@ def lmcache(tiers: Sequence[TierModel], host: float, **serving: Any) -> SystemCo
 
 
 def kvstream(tiers: Sequence[TierModel], host: float, *, name: str = "KVStream", router: str = "mitm:2",
-             replication: str = "full", **serving: Any) -> SystemConfig:
+             replication: str | Callable[[], Any] = "full", **serving: Any) -> SystemConfig:
     return SystemConfig(name=name, tiers=tuple(tiers), router=router, replication=replication,
                         serving=ServingConfig(**serving), host_memory_bytes=host)
 
@@ -89,7 +91,7 @@ class ScenarioResult:
     name: str
     title: str
     rows: list[Row]
-    data: dict[str, Any]
+    data: dict[Any, Any]  # keys are str or numbers (a swept value); to_json makes them str
     figures: list[str] = field(default_factory=list)
     wall_s: float = 0.0
     setup: str = ""
@@ -140,10 +142,11 @@ class Scenario:
 
 
 SCENARIOS: dict[str, Scenario] = {}
+ScenarioFn = Callable[[Path, bool, int], ScenarioResult]  # (out dir, quick, seed) -> result
 
 
-def scenario(name: str, targets: str, title: str) -> Callable:
-    def deco(fn: Callable[[Path, bool, int], ScenarioResult]) -> Callable:
+def scenario(name: str, targets: str, title: str) -> Callable[[ScenarioFn], ScenarioFn]:
+    def deco(fn: ScenarioFn) -> ScenarioFn:
         SCENARIOS[name] = Scenario(name=name, targets=targets, title=title, run=fn)
         return fn
 
@@ -166,7 +169,7 @@ def run_scenario(name: str, out_dir: Path, *, quick: bool = False, seed: int = 0
     return res
 
 
-def _plt():
+def _plt() -> ModuleType:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -287,8 +290,9 @@ def sc_bound(out: Path, quick: bool, seed: int) -> ScenarioResult:
 
 
 # ===========================================================================================================
-def _fixed_sweep(reqs, warm, tiers, host, hw, seed, splits):
-    out = {}
+def _fixed_sweep(reqs: list[Request], warm: list[list[tuple[int, ...]]], tiers: Sequence[TierModel], host: float,
+                 hw: Hardware, seed: int, splits: list[float]) -> dict[float, float]:
+    out: dict[float, float] = {}
     for s_ in splits:
         r = simulate([reqs], kvstream(tiers, host, router=f"fixed:{s_}", name=f"fixed {s_}"), hw, seed=seed, prewarm=warm)
         out[s_] = r.summary["storage_read_over_bound"]
@@ -419,9 +423,11 @@ def sc_ablation(out: Path, quick: bool, seed: int) -> ScenarioResult:
 
 # ===========================================================================================================
 def online_sessions(n: int, *, seed: int, rate: float, cv: float, active: int, reuse: float = 0.88,
-                    history: float = 12_000, new: float = 600, output: float = 200) -> list[Request]:
-    """Code-generation / agent sessions with long growing histories (80-96 % of prompt tokens hit)."""
-    spec = SyntheticSpec(n_requests=n, rate=rate, cv=cv, mode="session", reuse=reuse, active=active,
+                    history: float = 12_000, new: float = 600, output: float = 200,
+                    arrival: str = "gamma") -> list[Request]:
+    """Code-generation / agent sessions with long growing histories (80-96 % of prompt tokens hit).
+    ``arrival``: "gamma" (renewal) or "mmpp" (correlated bursts); the same seed gives the same sessions."""
+    spec = SyntheticSpec(n_requests=n, rate=rate, cv=cv, arrival=arrival, mode="session", reuse=reuse, active=active,
                          shared_prefix_tokens=1024, prefix=LengthDist(mean=history, cv=0.6, lo=1024, hi=60_000),
                          new_tokens=LengthDist(mean=new, cv=1.0, lo=16, hi=8192),
                          output=LengthDist(mean=output, cv=1.0, lo=4, hi=2048), max_prompt_tokens=100_000)
@@ -431,7 +437,8 @@ def online_sessions(n: int, *, seed: int, rate: float, cv: float, active: int, r
 def _capacity(reqs: list[Request], system: SystemConfig, hw: Hardware, seed: int) -> float:
     """Requests per second a system sustains when everything is queued at once (its offline throughput)."""
     burst = [dataclasses.replace(r, arrival=0.0) for r in reqs]
-    return simulate([burst], system, hw, seed=seed).summary["throughput_rps"]
+    rps: float = simulate([burst], system, hw, seed=seed).summary["throughput_rps"]
+    return rps
 
 
 @scenario("load", "K7", "mean TTFT vs LMCache at low / mid / high load (code-generation sessions)")
@@ -529,14 +536,16 @@ def sc_scale(out: Path, quick: bool, seed: int) -> ScenarioResult:
     hw = Hardware(gpu="a100", model="32b")
     host = (24 if quick else 128) * GB
     pfs_total = 64 * GB  # the cluster's PFS: 64 GB/s, each node's link 2 GB/s (testbed 2's PFS figure)
-    data: dict[str, Any] = {}
+    data: dict[int, Any] = {}  # node count -> figures
     for nn in node_counts:
         wls = [offline_documents(n_docs, q, seed=seed * 1000 + i) for i in range(nn)]
         # distinct chunk ids per node (each node caches its own documents)
         reqs, warm = [], []
         for i, wl in enumerate(wls):
             off = (i + 1) * 10**9
-            reqs.append([dataclasses.replace(r, chunk_ids=tuple(c + off for c in r.chunk_ids)) for r in wl.requests])
+            # offline_documents' chunk ids are ints
+            reqs.append([dataclasses.replace(r, chunk_ids=tuple(cast(int, c) + off for c in r.chunk_ids))
+                         for r in wl.requests])
             warm.append([tuple(c + off for c in d) for d in wl.docs])
         tiers = testbed_tiers(2, shared=True, pfs_total_bw=pfs_total)
         b = simulate(reqs, lmcache(tiers, host), hw, seed=seed, prewarm=warm)
@@ -648,11 +657,11 @@ class PositionSplitNoCopy:
         self.ratio = ratio
         self.prefix_len = 1
 
-    def targets(self, intent, n_tiers):
+    def targets(self, intent: WriteIntent, n_tiers: int) -> frozenset[int]:
         pos = intent.position or 0
         return frozenset((0,)) if pos < self.ratio * self.prefix_len else frozenset((1,))
 
-    def on_read(self, obs):
+    def on_read(self, obs: ReadObservation) -> list[CopyOrder]:
         return []
 
 
@@ -758,9 +767,19 @@ def bidaw_tiers() -> tuple[TierModel, ...]:
     return (TierModel(name="ssd", read_bw=1.5 * GB, write_bw=0.8 * GB, interference=0.27, tail=NVME_TAIL, read_window=2),)
 
 
+class _BidawBase(TypedDict):
+    """The SystemConfig fields every Bidaw column shares."""
+
+    tiers: tuple[TierModel, ...]
+    router: str
+    replication: str
+    host_memory_bytes: float
+
+
 def bidaw_systems(host: float, *, compact: bool = False) -> dict[str, SystemConfig]:
     t = bidaw_tiers()
-    base = dict(tiers=t, router="single:ssd", replication="single", host_memory_bytes=host)
+    base = _BidawBase(tiers=t, router="single:ssd", replication="single", host_memory_bytes=host)
+    ideal_base: _BidawBase = {**base, "host_memory_bytes": 100e12}
     return {
         "CachedAttention": SystemConfig(name="CachedAttention", serving=ServingConfig(prefetch="lookahead:32"),
                                         host_eviction="queue-aware", **base),
@@ -771,7 +790,7 @@ def bidaw_systems(host: float, *, compact: bool = False) -> dict[str, SystemConf
         "Bidaw": SystemConfig(name="Bidaw", serving=ServingConfig(admit="ready", prefetch="hrrn"),
                               host_eviction="hit-potential", **base),
         "ideal": SystemConfig(name="ideal (all KV in host memory)", serving=ServingConfig(), host_eviction="lru",
-                              **{**base, "host_memory_bytes": 100e12}),
+                              **ideal_base),
     }
 
 
@@ -780,7 +799,8 @@ def _max_speed(system: SystemConfig, hw: Hardware, users: float, minutes: float,
     """Largest arrival compression at which the mean TTFT stays within ``target`` (bisection in log space)."""
     def ok(speed: float) -> bool:
         reqs = bidaw_requests(users, minutes, speed=speed)
-        return simulate([reqs], system, hw, seed=seed).summary["ttft_mean_s"] <= target
+        ttft: float = simulate([reqs], system, hw, seed=seed).summary["ttft_mean_s"]
+        return ttft <= target
 
     if not ok(lo):
         return lo
@@ -984,3 +1004,8 @@ def sc_compute(out: Path, quick: bool, seed: int) -> ScenarioResult:
                                 "questions at 0.4/s; local NVMe 6.5 GB/s, shared tier swept\n"
                                 + _compute_table(data) + "\ncold local disk:\n" + _compute_table(cold),
                           data={"warm": data, "cold": cold})
+
+
+# The scenarios of the paper figures issue 15 added (K4 recomputed, K8 with correlated bursts, K9, K16, B3, B9)
+# live in their own module; importing it registers them here.
+from kvstream.sim import paper_figures as _paper_figures  # noqa: E402,F401

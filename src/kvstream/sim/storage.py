@@ -30,6 +30,14 @@ Disk tiers with a capacity evict with the store's :class:`~kvstream.eviction.Evi
 
 Writes: one op per (write batch, tier) on that tier's write queue, at most ``write_depth`` in flight; a chunk
 becomes readable from a tier when that op completes, and until then it is in host memory (pinned).
+
+The write backlog valve (``write_backlog_bytes``, the store's ``TierConfig.write_backlog_bytes``; None: off, the
+model's old behaviour, where a slow tier's writes queue without limit and their chunks overflow host memory): a
+*second* copy of a chunk is skipped at flush while its tier's queued and unfinished write bytes are at or past the
+limit, and owed (:mod:`kvstream.replica_debt`). Every ``CATCH_UP_INTERVAL_S`` a catch-up pass pays up to
+``CATCH_UP_BATCH`` debts of each tier whose backlog is below half the limit, as the store's ``CatchUp`` does:
+from host memory if the chunk is there, else by reading it back from a tier that holds it (one read at a time, a
+real read on that tier's device, competing with the loads), then writing it.
 """
 
 from __future__ import annotations
@@ -37,11 +45,11 @@ from __future__ import annotations
 from collections import OrderedDict, deque
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol, cast
 
 from kvstream.eviction import AccessMeta, EvictionPolicy, eviction_options, make_eviction_policy
 from kvstream.compute import ComputePolicy, chain_length, computed_per_item, items_to_skip
-from kvstream.read_step import ChunkState, Compute, Deliver, Open, ReadState, ReadStep, Release, Submit
+from kvstream.read_step import Action, ChunkState, Compute, Deliver, Open, ReadState, ReadStep, Release, Submit
 from kvstream.replication import CopyOrder, ReadObservation, ReplicationPolicy, WriteIntent
 from kvstream.read_windows import ReadWindows
 from kvstream.routing import ReadRouter
@@ -49,7 +57,12 @@ from kvstream.serving.core import LoadDone, WriteChunks
 from kvstream.sim.devices import READ, WRITE, Device
 from kvstream.sim.engine import PRIO_IO, EventLoop
 
-__all__ = ["SimTier", "SimStorage", "chunk_key"]
+__all__ = ["SimTier", "SimStorage", "chunk_key", "CATCH_UP_INTERVAL_S", "CATCH_UP_BATCH"]
+
+# The store's catch-up of owed replicas (kvstream.replica_debt.CatchUp): how often it looks, and how many debts
+# per tier it pays in one pass.
+CATCH_UP_INTERVAL_S = 0.25
+CATCH_UP_BATCH = 16
 
 
 def chunk_key(c: Hashable) -> bytes:
@@ -59,6 +72,12 @@ def chunk_key(c: Hashable) -> bytes:
     if isinstance(c, int) and c >= 0:
         return c.to_bytes(8, "little")
     return repr(c).encode()
+
+
+class _PrefixLenPolicy(Protocol):
+    """A replication policy with ``needs_prefix_len`` set: it reads ``prefix_len``, which the store sets."""
+
+    prefix_len: int
 
 
 @dataclass
@@ -72,14 +91,18 @@ class SimTier:
     capacity_chunks: int | None = None  # None = unlimited; else this node's chunks are evicted (``eviction``)
     client: int = 0  # this node's client id on a shared device
     eviction: str = "lru"  # the store's tier eviction policy name (kvstream.eviction)
-    chunks: OrderedDict = field(default_factory=OrderedDict)  # chunk id -> None (the tier's contents)
-    write_q: deque = field(default_factory=deque)
+    # chunk id -> None (the tier's contents)
+    chunks: OrderedDict[Hashable, None] = field(default_factory=OrderedDict)
+    write_q: deque[list[Hashable]] = field(default_factory=deque)
     writes_inflight: int = 0
     policy: EvictionPolicy | None = None  # built by SimStorage when capacity_chunks is set
     read_bytes: int = 0  # bytes this node read here (duplicates included)
     dup_bytes: int = 0
     write_bytes: int = 0
     evicted: int = 0
+    backlog_bytes: int = 0  # write bytes queued or in flight (the store's write backlog)
+    skipped_backlog: int = 0  # second copies skipped at flush by the backlog valve (owed)
+    catch_up_reads: int = 0  # owed chunks read back from this tier to copy them elsewhere
 
 
 class _Load:
@@ -120,6 +143,7 @@ class SimStorage:
         read_windows: ReadWindows | None = None,
         compute: ComputePolicy | None = None,
         read_disk: bool = True,
+        write_backlog_bytes: Sequence[int | None] | int | None = None,
     ) -> None:
         if not tiers:
             raise ValueError("a simulated store needs at least one disk tier")
@@ -159,6 +183,18 @@ class SimStorage:
                 cap = t.capacity_chunks * self.chunk_bytes
                 t.policy = make_eviction_policy(t.eviction, **eviction_options(t.eviction, cap))
         self.read_log: list[tuple[float, float, float, int, tuple[int, ...]]] = []  # (start, s, bound s, bytes, per tier)
+        self.busy_log: list[tuple[float, ...]] = []  # per load in read_log: each tier's busy seconds in its step
+        # The write backlog valve, per tier (None: off); see the module docstring.
+        if write_backlog_bytes is None or isinstance(write_backlog_bytes, int):
+            self.backlog_limit: list[int | None] = [write_backlog_bytes] * len(self.tiers)
+        else:
+            if len(write_backlog_bytes) != len(self.tiers):
+                raise ValueError(f"write_backlog_bytes: {len(write_backlog_bytes)} limits for {len(self.tiers)} tiers")
+            self.backlog_limit = list(write_backlog_bytes)
+        self._owed: list[dict[Hashable, None]] = [{} for _ in self.tiers]  # tier -> chunks owed (oldest first)
+        self._catch_up_due = False  # a catch-up pass is scheduled
+        self._catch_up_busy = False  # a pass is reading a chunk back
+        self.catch_up_copies = 0
 
     # -- the core's query -----------------------------------------------------------------------------------
     def lookup(self, chunk_ids: Sequence[Hashable]) -> tuple[int, int]:
@@ -216,7 +252,7 @@ class SimStorage:
     # -- loads ----------------------------------------------------------------------------------------------
     def start_load(self, load_id: int, items: Sequence[tuple[int, tuple[Hashable, ...]]],
                    on_done: Callable[[LoadDone], None],
-                   metas: Sequence[tuple[Hashable | None, int | None]] = (),
+                   metas: Sequence[tuple[Hashable | None, int | None, *tuple[int, ...]]] = (),
                    compute_s: Sequence[Sequence[float]] = ()) -> None:
         n_t = len(self.tiers)
         ld = _Load(load_id, items, on_done, self.loop.now)
@@ -283,10 +319,11 @@ class SimStorage:
             for c in drop:
                 del ld.need[c]
 
-    def _carry_out(self, ld: _Load, acts: list) -> None:
+    def _carry_out(self, ld: _Load, acts: list[Action]) -> None:
         """The read step's actions on modelled devices (see the module docstring)."""
         todo = list(acts)
         step = ld.step
+        assert step is not None  # every caller's actions came from ld.step
         while todo:
             a = todo.pop(0)
             if isinstance(a, Open):
@@ -317,6 +354,7 @@ class SimStorage:
     def _landed(self, arg: tuple[_Load, int]) -> None:
         ld, rid = arg
         step = ld.step
+        assert step is not None  # a read landed, so the load's read step exists
         t = step.reads[rid].tier
         self.tiers[t].read_bytes += self.chunk_bytes
         acts = step.landed(rid, self.loop.now)
@@ -341,6 +379,7 @@ class SimStorage:
     def _verified(self, arg: tuple[_Load, int]) -> None:
         ld, rid = arg
         step = ld.step
+        assert step is not None  # a read was verified, so the load's read step exists
         if ld.done or step.reads[rid].state is not ReadState.LANDED:
             return
         self._carry_out(ld, step.checked(rid, self.loop.now, True))
@@ -393,6 +432,7 @@ class SimStorage:
             # give reads over this very interval (its write load and other tenants included).
             bound = useful * dur / pot if pot > 0 else dur
             self.read_log.append((ld.start, dur, bound, useful, tuple(ld.step.tier_bytes)))
+            self.busy_log.append(tuple(ld.step.busy_s))
             if self.read_windows is not None:
                 for t in range(len(self.tiers)):
                     self.read_windows.observe(t, ld.step.tier_bytes[t], ld.step.busy_s[t])
@@ -428,7 +468,7 @@ class SimStorage:
         if getattr(self.replication, "needs_prefix_len", False):
             # A policy that places chunks by their position *relative to the prefix length at write time*
             # (K15's baseline): WriteIntent has no prefix length, so tell it and place this batch now.
-            self.replication.prefix_len = self._buffer_end
+            cast(_PrefixLenPolicy, self.replication).prefix_len = self._buffer_end
             self.flush()
 
     def flush(self) -> None:
@@ -439,6 +479,7 @@ class SimStorage:
         for c, pos in self._buffered.items():
             targets = pol.targets(WriteIntent(key=chunk_key(c), nbytes=self.chunk_bytes, position=pos), n_t)
             todo = [t for t in targets if c not in self._sets[t]]
+            todo = self._valve(c, todo, per_tier)
             if not todo:
                 self._unpin(c)
                 continue
@@ -452,6 +493,90 @@ class SimStorage:
         for t, chunks in enumerate(per_tier):
             if chunks:
                 self._enqueue_write(t, chunks)
+
+    def _valve(self, c: Hashable, todo: list[int], per_tier: list[list[Hashable]]) -> list[int]:
+        """The store's write backlog valve (``Writer.flush``): in tier order, a copy is skipped and owed when the
+        chunk already has a copy (on a tier, or handed over in this flush) and the tier's backlog (bytes queued
+        or in flight, this flush's included) is at or past its limit."""
+        if all(lim is None for lim in self.backlog_limit):
+            return todo
+        copies = sum(1 for s in self._sets if c in s)
+        keep = []
+        for t in sorted(todo):
+            lim = self.backlog_limit[t]
+            pending = self.tiers[t].backlog_bytes + len(per_tier[t]) * self.chunk_bytes
+            if copies and lim is not None and pending >= lim:
+                self.tiers[t].skipped_backlog += 1
+                if lim > 0:  # deferred, not dropped (0: one copy wanted)
+                    self._owe(t, c)
+                continue
+            keep.append(t)
+            copies += 1
+        return keep
+
+    def _owe(self, t: int, c: Hashable) -> None:
+        self._owed[t][c] = None
+        if not self._catch_up_due:
+            self._catch_up_due = True
+            self.loop.at(self.loop.now + CATCH_UP_INTERVAL_S, PRIO_IO, self._catch_up)
+
+    def _catch_up(self) -> None:
+        """One pass of the store's catch-up (``CatchUp.round``): per tier with debts and a backlog below half its
+        limit, up to ``CATCH_UP_BATCH`` of the oldest debts; reads back run one after another."""
+        self._catch_up_due = False
+        if not self._catch_up_busy:
+            work: list[tuple[int, Hashable]] = []
+            for t, tier in enumerate(self.tiers):
+                lim = self.backlog_limit[t]
+                if not self._owed[t] or (lim is not None and tier.backlog_bytes >= lim // 2):
+                    continue
+                work.extend((t, c) for c in list(self._owed[t])[:CATCH_UP_BATCH])
+            self._catch_up_next(work)
+        if any(self._owed) and not self._catch_up_due:
+            self._catch_up_due = True
+            self.loop.at(self.loop.now + CATCH_UP_INTERVAL_S, PRIO_IO, self._catch_up)
+
+    def _catch_up_next(self, work: list[tuple[int, Hashable]]) -> None:
+        while work:
+            t, c = work.pop(0)
+            if c not in self._owed[t]:
+                continue
+            if c in self._sets[t]:
+                del self._owed[t][c]
+                continue
+            if c in self._host:
+                del self._owed[t][c]
+                self._order_copy(t, c)
+                continue
+            holders = [o for o in range(len(self.tiers)) if o != t and c in self._sets[o]]
+            if not holders:
+                del self._owed[t][c]  # evicted everywhere: nothing to copy
+                continue
+            # Read it back from the first holder (one read at a time, as the store's catch-up thread does).
+            src = self.tiers[holders[0]]
+            src.catch_up_reads += 1
+            self._catch_up_busy = True
+            src.device.submit(READ, self.chunk_bytes, self._caught_up, (t, c, holders[0], work), client=src.client)
+            return
+        self._catch_up_busy = False
+
+    def _caught_up(self, arg: tuple[int, Hashable, int, list[tuple[int, Hashable]]]) -> None:
+        t, c, src, work = arg
+        self.tiers[src].read_bytes += self.chunk_bytes
+        if c in self._owed[t]:
+            del self._owed[t][c]
+            if c not in self._sets[t]:
+                # Into host memory as a cached chunk, kept (pinned) by the copy until it is written.
+                self._pin(c)
+                self._unpin(c)
+                self._order_copy(t, c)
+        self._catch_up_next(work)
+
+    def _order_copy(self, t: int, c: Hashable) -> None:
+        self._pin(c)
+        self._write_left[c] = self._write_left.get(c, 0) + 1
+        self.catch_up_copies += 1
+        self._enqueue_write(t, [c])
 
     def _copy(self, orders: list[CopyOrder], ld: _Load) -> None:
         by_key = {chunk_key(c): c for c in ld.disk}
@@ -469,6 +594,7 @@ class SimStorage:
 
     def _enqueue_write(self, t: int, chunks: list[Hashable]) -> None:
         tier = self.tiers[t]
+        tier.backlog_bytes += len(chunks) * self.chunk_bytes
         tier.write_q.append(chunks)
         self._pump_writes(t)
 
@@ -484,6 +610,7 @@ class SimStorage:
         tier = self.tiers[t]
         tier.writes_inflight -= 1
         tier.write_bytes += len(chunks) * self.chunk_bytes
+        tier.backlog_bytes -= len(chunks) * self.chunk_bytes
         s = tier.chunks
         for c in chunks:
             if tier.policy is not None and c not in s:
@@ -520,7 +647,8 @@ class SimStorage:
 
     # -- reports --------------------------------------------------------------------------------------------
     def busy(self) -> bool:
-        return bool(self._buffered) or any(t.write_q or t.writes_inflight for t in self.tiers)
+        return (bool(self._buffered) or any(t.write_q or t.writes_inflight for t in self.tiers)
+                or any(self._owed) or self._catch_up_busy)
 
     def bound_ratio(self) -> float:
         """Disk read time over the aggregate-bandwidth bound, summed over every load (1.0 = at the bound)."""
@@ -544,9 +672,15 @@ class SimStorage:
             "read_s": sum(r[1] for r in self.read_log),
             "read_bound_s": sum(r[2] for r in self.read_log),
         }
+        valve = any(lim is not None for lim in self.backlog_limit)
+        if valve:  # only then: the figures of runs without the valve keep their keys
+            out["catch_up_copies"] = self.catch_up_copies
         for t in self.tiers:
             out[f"read_bytes_{t.name}"] = t.read_bytes
             out[f"write_bytes_{t.name}"] = t.write_bytes
+            if valve:
+                out[f"write_skipped_backlog_{t.name}"] = t.skipped_backlog
+                out[f"catch_up_reads_{t.name}"] = t.catch_up_reads
         return out
 
     def tier_bytes(self) -> dict[str, int]:

@@ -16,8 +16,9 @@ Queue-aware eviction sees a look-ahead window of the next ``lookahead`` accesses
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
+from typing import cast
 
 import numpy as np
 
@@ -108,6 +109,11 @@ class ReplayResult:
     misses: int  # counted accesses whose KV had been evicted
     evictions: int  # victims taken (all accesses, warm-up included)
     extra: dict[str, float] = field(default_factory=dict)  # policy-specific figures (e.g. ghost hit rates)
+    # The same counts weighted by the KV bytes each counted access needs (its history): the share of *bytes*
+    # that must come from disk, as opposed to the share of requests. Invariant: hit_bytes + miss_bytes is the
+    # sum of the counted accesses' load_bytes, the same for every policy on one stream.
+    hit_bytes: int = 0
+    miss_bytes: int = 0
 
     @property
     def accesses(self) -> int:
@@ -121,10 +127,15 @@ class ReplayResult:
     def miss_rate(self) -> float:
         return self.misses / self.accesses if self.accesses else float("nan")
 
+    @property
+    def byte_miss_rate(self) -> float:
+        total = self.hit_bytes + self.miss_bytes
+        return self.miss_bytes / total if total else float("nan")
+
 
 def _make_policy(name: str, stream: AccessStream, capacity: int, hp_config: HitPotentialConfig | None) -> EvictionPolicy:
     if name == "belady":
-        times: dict[int, list[float]] = {}
+        times: dict[Hashable, list[float]] = {}  # user -> access times
         for i, u in enumerate(stream.user.tolist()):
             times.setdefault(u, []).append(float(i))
         return make_eviction_policy("belady", next_use=NextUseOracle(times))
@@ -154,6 +165,7 @@ def replay(
     queue_aware = pol if isinstance(pol, QueueAwarePolicy) and lookahead > 0 else None
     users = stream.user.tolist()
     store = stream.store_bytes.tolist()
+    load = stream.load_bytes.tolist()
     answers = stream.answer.tolist()
     rounds = stream.round_index.tolist()
     last = stream.is_last.tolist()
@@ -162,6 +174,7 @@ def replay(
     resident: dict[int, int] = {}  # user -> bytes held
     used = 0
     hits = misses = evictions = 0
+    hit_bytes = miss_bytes = 0
     if queue_aware is not None:  # the window after access i holds accesses i+1 .. i+lookahead
         for j in range(1, min(lookahead, n - 1) + 1):
             queue_aware.protect(session=users[j])
@@ -171,8 +184,10 @@ def replay(
         if counted[i]:
             if held is not None:
                 hits += 1
+                hit_bytes += load[i]
             else:
                 misses += 1
+                miss_bytes += load[i]
         size = store[i]
         meta = AccessMeta(session=u, prev_answer_tokens=answers[i], round_index=rounds[i])
         pol.on_insert(u, size, now=float(i), meta=meta)  # a hit re-inserts (the KV grew); see the protocol
@@ -186,7 +201,7 @@ def replay(
             if v is None:  # pragma: no cover - guarded by the policy invariant
                 raise AssertionError(f"{policy}: no victim with {used} bytes resident")
             pol.on_remove(v)
-            used -= resident.pop(v)
+            used -= resident.pop(cast(int, v))  # the policy holds only the user ids this replay inserts
             evictions += 1
         if queue_aware is not None:  # slide the window: i+1 .. i+lookahead  ->  i+2 .. i+1+lookahead
             if i + 1 < n:
@@ -201,7 +216,8 @@ def replay(
     if policy == "hit-potential":
         rates = pol.ghost_hit_rates()  # type: ignore[attr-defined]
         extra = {f"ghost_hit_bucket_{i}": float(r) for i, r in enumerate(rates)}
-    return ReplayResult(policy=policy, capacity_bytes=capacity_bytes, hits=hits, misses=misses, evictions=evictions, extra=extra)
+    return ReplayResult(policy=policy, capacity_bytes=capacity_bytes, hits=hits, misses=misses, evictions=evictions,
+                        extra=extra, hit_bytes=hit_bytes, miss_bytes=miss_bytes)
 
 
 def replay_many(

@@ -41,6 +41,7 @@ from kvstream.eviction import EvictionPolicy, eviction_options, make_eviction_po
 from kvstream.io.buffers import ALIGN, AlignedBuffer
 from kvstream.io.engine import IOEngine, Ring
 from kvstream.tiers.index import OP_DEL, OP_PUT, TierIndex
+from kvstream.tiers.private import mkdir_private
 
 __all__ = ["DirectoryTier", "TierCounters", "MARKER"]
 
@@ -146,7 +147,7 @@ class DirectoryTier:
                 raise ConfigError(f, f"folder {self.root} does not exist (create it, or set create_dirs: true)")
             try:
                 # exist_ok: two nodes (or processes) opening a new shared tier at once both get here
-                self.root.mkdir(mode=0o700, parents=True, exist_ok=True)
+                mkdir_private(self.root)
             except OSError as exc:
                 raise ConfigError(f, f"cannot create {self.root}: {exc.strerror}") from None
         if not self.root.is_dir():
@@ -433,6 +434,7 @@ class DirectoryTier:
         key = self.policy.victim()
         if key is None:
             return None
+        assert isinstance(key, bytes)  # the policy only ever holds this tier's chunk keys
         self.policy.on_remove(key)
         size = self._own.pop(key, None)
         if size is not None:
@@ -527,8 +529,7 @@ class DirectoryTier:
             for attempt in (0, 1):
                 try:
                     if attempt or d not in self._made_dirs:
-                        os.makedirs(os.path.dirname(d), mode=0o700, exist_ok=True)  # `mode` goes to the leaf only
-                        os.makedirs(d, mode=0o700, exist_ok=True)
+                        mkdir_private(d)
                         self._made_dirs.add(d)
                     if self._link_ok:
                         try:

@@ -19,6 +19,7 @@ Invariants:
 from __future__ import annotations
 
 import threading
+from collections.abc import Hashable, Iterable
 from dataclasses import dataclass
 
 from kvstream.eviction import AccessMeta, EvictionPolicy, eviction_options, make_eviction_policy
@@ -92,7 +93,7 @@ class HostMemoryTier:
         """True if the eviction policy protects a look-ahead window of sessions (:meth:`set_window`)."""
         return hasattr(self.policy, "set_window")
 
-    def set_window(self, sessions) -> None:  # noqa: ANN001 — any sized iterable of session ids
+    def set_window(self, sessions: Iterable[Hashable]) -> None:
         """Hand a queue-aware policy the sessions the waiting queue's look-ahead window will need."""
         with self._lock:
             set_window = getattr(self.policy, "set_window", None)
@@ -181,6 +182,7 @@ class HostMemoryTier:
         if key is None:
             return False
         self.policy.on_remove(key)
+        assert isinstance(key, bytes)  # the policy only knows keys this tier gave it
         e = self._entries.pop(key)
         self.pool.release(e.buf)
         self.evictions += 1

@@ -248,15 +248,15 @@ def read_bidaw_parts(paths: Sequence[str | os.PathLike[str]], *, limit: int | No
             responses.append(r)
             rounds.append(rnd)
             parts.append(idx)
-    user = np.asarray(cols[0], dtype=np.int64)
+    user_col = np.asarray(cols[0], dtype=np.int64)
     time = np.asarray(cols[1], dtype=np.float64)
     order = np.argsort(time, kind="stable")  # per user, time order == round order (checked above)
-    user = user[order]
+    user_col = user_col[order]
     query = np.asarray(cols[2], dtype=np.int64)[order]
     response = np.asarray(cols[3], dtype=np.int64)[order]
-    history, prev, last = _derive(user, query, response)
+    history, prev, last = _derive(user_col, query, response)
     return BidawTrace(
-        user=user, time=time[order], query=query, response=response,
+        user=user_col, time=time[order], query=query, response=response,
         round_index=np.asarray(cols[4], dtype=np.int64)[order], history_tokens=history, prev_response=prev,
         is_last=last, part=np.asarray(cols[5], dtype=np.int16)[order], sources=sources,
     )  # fmt: skip

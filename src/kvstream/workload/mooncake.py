@@ -26,6 +26,7 @@ import math
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 from kvstream.errors import InputFormatError
 from kvstream.workload.text import MAX_TOKENS, MAX_TRACE_SECONDS, check_physical, check_utf8
@@ -68,7 +69,7 @@ class ChunkInterner:
         return len(self._table)
 
 
-def _int_field(obj: dict, name: str, path: str, line: int) -> int:
+def _int_field(obj: dict[str, Any], name: str, path: str, line: int) -> int:
     """``obj[name]`` as an int in ``0 .. 2**63 - 1``; anything else is a bad line."""
     v = obj.get(name)
     if isinstance(v, bool) or not isinstance(v, (int, float)) or (isinstance(v, float) and not v.is_integer()):

@@ -7,6 +7,9 @@
   the drawn gaps are *calibrated*: raised to the power ``a`` that makes their sample CV equal the target
   (bisection; ``x ** a`` keeps the order of the gaps and spreads them monotonically in ``a``), then scaled to
   the target mean. ``exact_cv=False`` keeps the raw gamma draw.
+- **Correlated bursts** (``arrival="mmpp"``): a two-state Markov-modulated Poisson process with the same target
+  CV (:mod:`kvstream.workload.arrivals`): short gaps come in runs, as in production traffic, instead of
+  independently as in the gamma renewal process.
 - **Reuse rate**: the share of prompt chunks whose (prefix-chained) id already appeared in an earlier
   request, i.e. the hit rate of an unlimited cache, the figure the Mooncake README quotes (0.37 / 0.64) and the
   KVStream paper varies (88 % / 77 % / 4 %). Each request either continues one of the active contexts or
@@ -33,11 +36,13 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Hashable
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
+from kvstream.workload.arrivals import calibrate_cv, mmpp_gaps, sample_cv
 from kvstream.workload.request import CHUNK_TOKENS, Request
 
 __all__ = [
@@ -71,7 +76,8 @@ class LengthDist:
         else:
             s2 = math.log1p(self.cv**2)
             x = rng.lognormal(math.log(self.mean) - s2 / 2, math.sqrt(s2), n)
-        return np.clip(np.rint(x), self.lo, self.hi).astype(np.int64)
+        out: np.ndarray = np.clip(np.rint(x), self.lo, self.hi).astype(np.int64)
+        return out
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -82,6 +88,7 @@ class SyntheticSpec:
     rate: float = 1.0  # mean arrivals per second
     cv: float = 1.0  # target CV of inter-arrival gaps
     exact_cv: bool = True  # calibrate the drawn gaps to the exact target CV
+    arrival: str = "gamma"  # "gamma": renewal process (independent gaps) | "mmpp": correlated bursts (arrivals.py)
     mode: str = "session"  # "session" (history grows each turn) | "document" (prefix fixed, new question each time)
     reuse: float | None = 0.8  # target unlimited-cache chunk hit rate; None = contexts live for ``turns`` turns
     active: int = 16  # contexts open at once (session interleaving degree)
@@ -99,6 +106,10 @@ class SyntheticSpec:
             raise ValueError(f"rate must be positive, got {self.rate}")
         if self.cv < 0:
             raise ValueError(f"cv must be >= 0, got {self.cv}")
+        if self.arrival not in ("gamma", "mmpp"):
+            raise ValueError(f"arrival must be 'gamma' or 'mmpp', got {self.arrival!r}")
+        if self.arrival == "mmpp" and self.cv <= 1.0:
+            raise ValueError(f"an MMPP's gaps are burstier than Poisson's: cv must be > 1, got {self.cv}")
         if self.mode not in ("session", "document"):
             raise ValueError(f"mode must be 'session' or 'document', got {self.mode!r}")
         if self.reuse is not None and not 0.0 <= self.reuse <= 1.0:
@@ -111,33 +122,7 @@ class SyntheticSpec:
 
 
 # -- arrivals ---------------------------------------------------------------------------------------------
-def sample_cv(x: np.ndarray) -> float:
-    """std / mean (population std, as the papers define the CV of inter-arrival gaps)."""
-    m = float(np.mean(x)) if len(x) else 0.0
-    return float(np.std(x)) / m if m > 0 else 0.0
-
-
-def _calibrate_cv(g: np.ndarray, target: float) -> np.ndarray:
-    """``g ** a`` with ``a`` chosen so the sample CV equals ``target`` (to 1e-4 relative)."""
-    pos = g[g > 0]
-    if len(pos) < 2 or np.all(pos == pos[0]):
-        return g
-    # Work on g / max(g) so powers stay in (0, 1] and never overflow.
-    base = g / g.max()
-    lo, hi = 1e-3, 1.0
-    while sample_cv(base**hi) < target and hi < 1e3:
-        hi *= 2
-    for _ in range(80):
-        mid = math.sqrt(lo * hi)
-        if sample_cv(base**mid) < target:
-            lo = mid
-        else:
-            hi = mid
-        if hi / lo < 1 + 1e-9:
-            break
-    return base ** math.sqrt(lo * hi)
-
-
+# sample_cv and calibrate_cv live in kvstream.workload.arrivals (shared with the MMPP generator).
 def arrival_gaps(rng: np.random.Generator, n: int, *, mean: float, cv: float, exact: bool = True) -> np.ndarray:
     """``n`` inter-arrival gaps with the given mean and CV (gamma renewal process; see module docstring)."""
     if n <= 0:
@@ -147,7 +132,7 @@ def arrival_gaps(rng: np.random.Generator, n: int, *, mean: float, cv: float, ex
     k = 1.0 / cv**2
     g = rng.gamma(k, mean / k, n)
     if exact and n >= 2:
-        g = _calibrate_cv(g, cv)
+        g = calibrate_cv(g, cv)
     m = g.mean()
     return g * (mean / m) if m > 0 else np.full(n, mean)
 
@@ -169,6 +154,11 @@ def generate(spec: SyntheticSpec, seed: int | np.random.Generator = 0) -> list[R
     rng = seed if isinstance(seed, np.random.Generator) else np.random.default_rng(seed)
     n = spec.n_requests
     gaps = arrival_gaps(rng, max(n - 1, 0), mean=1.0 / spec.rate, cv=spec.cv, exact=spec.exact_cv)
+    if spec.arrival == "mmpp":
+        # The gamma gaps above are still drawn (and dropped) so every later draw, hence every session and
+        # length, is the same as the renewal workload's with this seed: only the timing differs. The MMPP
+        # draws from a child stream, which leaves ``rng`` itself untouched.
+        gaps = mmpp_gaps(rng.spawn(1)[0], max(n - 1, 0), mean=1.0 / spec.rate, cv=spec.cv, exact=spec.exact_cv)
     arrivals = np.concatenate(([0.0], np.cumsum(gaps))) if n else np.zeros(0)
     new_tok = spec.new_tokens.sample(rng, n)
     out_tok = spec.output.sample(rng, n)
@@ -278,7 +268,7 @@ def generate(spec: SyntheticSpec, seed: int | np.random.Generator = 0) -> list[R
 
 def reuse_rate(requests: list[Request]) -> float:
     """Share of prompt chunks whose id appeared in an earlier request (unlimited-cache chunk hit rate)."""
-    seen: set = set()
+    seen: set[Hashable] = set()
     hit = total = 0
     for r in requests:
         for c in r.chunk_ids:
