@@ -97,7 +97,9 @@ def test_other_writers_are_seen_by_refresh_and_a_delete_names_the_put_it_deletes
     assert b"x" * 16 not in c
 
 
-def test_many_entries_reopen_fast(tmp_path):
+def test_many_entries_reopen(tmp_path):
+    """200,000 entries survive a compaction and a reopen from the snapshot. How fast: bench/index_reopen.py
+    (a benchmark, not a timed test)."""
     n = 200_000
     idx = TierIndex(tmp_path, node_id="n1")
     rec = idx.record
@@ -105,11 +107,9 @@ def test_many_entries_reopen_fast(tmp_path):
         rec(OP_PUT, i.to_bytes(16, "little"), 4096 * 2)
     idx.close()
     TierIndex(tmp_path, node_id="n1").close()  # compacts into a snapshot
-    t0 = time.perf_counter()
     again = TierIndex(tmp_path, node_id="n1")
-    dt = time.perf_counter() - t0
     assert len(again) == n and again.get((12345).to_bytes(16, "little")) == 8192
-    assert dt < 5.0, f"reopening {n} entries took {dt:.2f} s"
+    assert again.get((n - 1).to_bytes(16, "little")) == 8192 and again.get(n.to_bytes(16, "little")) is None
 
 
 def test_a_snapshot_that_cannot_be_read_now_is_never_replaced_by_the_new_logs_alone(tmp_path, monkeypatch):

@@ -15,11 +15,11 @@ client has never seen them:
 3. **B, first use**: B's store reads X (host memory emptied), from the shared tier only (B has no local copy).
 4. **raw, same files**: the raw reader on X's files right after (B's client may have kept some: shown, not the
    bound).
-5. **B, second use, default config**: with ``replication: full`` (the default) a read orders no copy, so B
-   reads X from the shared tier again.
-6. **copy**: B puts what it read into its local tier (``put(..., tiers=["local"])``, a read-through copy done
-   by the caller; the store's ``selective`` policy does the same after a read, but also keeps a node's own new
-   chunks off the shared tier, so it is no configuration for sharing).
+5. **B, second use, default config**: with ``replication: full`` and a shared tier the store copies what the
+   first use read into B's local tier (read-through), so the second use reads X from there (``sources``
+   shows where its chunks came from).
+6. **copy**: B puts what it read into its local tier (``put(..., tiers=["local"])``): with read-through every
+   chunk is there already and nothing is written (kept to measure stores configured without it).
 7. **B, with its local copy**: B reads X again, now from both tiers (meet-in-the-middle), against the bound
    ``bytes / (raw local + raw shared, read concurrently)`` measured on the same files right after.
 
@@ -180,9 +180,9 @@ def table(results: list[dict[str, Any]], cost: dict[str, Any]) -> str:
             f"| {r['fs']} | first use: shared tier only (no local copy) | {r['first_s']:.3f} | {gb(n, r['first_s']):.2f} "
             f"| raw cold {r['raw_cold_s']:.3f} s ({gb(n, r['raw_cold_s']):.2f} GB/s; same files after: "
             f"{r['raw_same_s']:.3f} s) | {r['first_vs_raw_cold']:.2f}x | {r['first_vs_recompute']:.2f}x |",
-            f"| {r['fs']} | second use, default config (no copy on read: shared again; sources "
+            f"| {r['fs']} | second use, default config (read-through: local copy since the first use; sources "
             f"{r['again_sources']}) | {r['again_s']:.3f} | {gb(n, r['again_s']):.2f} | – | – | {r['again_vs_recompute']:.2f}x |",
-            f"| {r['fs']} | copy into B's local tier (caller's put, tiers=[local]) | {r['copy_write_s']:.3f} | "
+            f"| {r['fs']} | copy into B's local tier (caller's put, tiers=[local]; nothing left to write) | {r['copy_write_s']:.3f} | "
             f"{gb(n, r['copy_write_s']):.2f} | – | – | – |",
             f"| {r['fs']} | with B's local copy (local + shared, meet in the middle) | {r['local_s']:.3f} | "
             f"{gb(n, r['local_s']):.2f} | {r['bound_both_s']:.3f} s (raw concurrent: local "

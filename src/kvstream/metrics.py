@@ -54,6 +54,8 @@ _TIER_SERIES = {
                             "P99 per-chunk write latency, hand-over to publish (recent writes)", "gauge"),
     "read_window_bytes": ("tier_read_window_bytes", "Bytes of reads the tier may have in flight in a step (read_windows)", "gauge"),
     "write_backlog_bytes": ("tier_write_backlog_bytes", "Bytes of the tier's writes submitted and not finished", "gauge"),
+    "replicas_owed": ("tier_replicas_owed", "Copies the replication policy wants on the tier that are not written yet "
+                      "(skipped at a backlog, an open breaker or an I/O error; the catch-up writes them)", "gauge"),
 }
 # StoreStats field -> (metric suffix, help, kind)
 _STORE_SERIES = {

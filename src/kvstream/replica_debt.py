@@ -30,14 +30,16 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from kvstream.store import Store
 
-__all__ = ["OwedReplicas", "CatchUp", "full_replication_deficits"]
+__all__ = ["OwedReplicas", "CatchUp", "full_replication_deficits", "ReplicaReport", "check_replicas"]
 
 log = logging.getLogger("kvstream.store")
 
@@ -193,6 +195,41 @@ def full_replication_deficits(store: "Store") -> dict[str, list[bytes]]:
     primary = store.tiers[0]
     keys = [k for k, _ in primary.index.items()]
     return {t.name: [k for k in keys if not t.contains(k)] for t in store.tiers[1:]}
+
+
+@dataclass
+class ReplicaReport:
+    """Per tier: copies owed (journal) and, with ``replication: full``, chunks of the primary the tier lacks."""
+
+    owed: dict[str, int]
+    deficits: dict[str, int]
+    repaired: bool = False  # check_replicas(repair=True) ran the catch-up to the end (or to its timeout)
+
+    @property
+    def missing(self) -> int:
+        return sum(self.owed.values()) + sum(self.deficits.values())
+
+    def to_dict(self) -> dict[str, object]:
+        return {"owed": self.owed, "deficits": self.deficits, "repaired": self.repaired, "missing": self.missing}
+
+
+def check_replicas(store: "Store", *, repair: bool = False, timeout_s: float = 300.0) -> ReplicaReport:
+    """What ``kvstream verify --config`` reports: the copies owed and the deficits a scan finds. With ``repair``
+    every deficit becomes a debt and the store's own catch-up pays them (the one mechanism that writes owed
+    copies), waiting up to ``timeout_s``; the report is then of what is left."""
+    deficits = full_replication_deficits(store) if store.config.replication == "full" else {}
+    if repair:
+        for tier, keys in deficits.items():
+            for k in keys:
+                store.owed.owe(tier, k)
+        deadline = time.monotonic() + timeout_s
+        while any(store.owed.counts().values()) and time.monotonic() < deadline:
+            store._catch_up.poke()
+            time.sleep(0.05)
+        store.drain(max(0.0, deadline - time.monotonic()))
+        deficits = full_replication_deficits(store) if store.config.replication == "full" else {}
+    return ReplicaReport(owed=store.owed.counts(), deficits={t: len(k) for t, k in deficits.items()},
+                         repaired=repair)
 
 
 class CatchUp:

@@ -15,8 +15,8 @@ every read-time figure, since writing twice is what replication costs.
 - ``full``: every tier (the KVStream paper's choice). With ``read_through`` (the store turns it on when a tier
   after the first is shared with other nodes), a chunk this node reads that its primary tier lacks (another
   node's chunk, or one the primary evicted) gets a copy there from host memory: a prefix another node wrote is
-  read from the shared file system once, then from local NVMe (measured in BENCHMARKS §9: 0.39 s with the
-  local copy against 1.12 s again from GlusterFS for a 768 MiB prefix).
+  read from the shared file system once, then from local NVMe (BENCHMARKS §9.1: a 768 MiB prefix's second use
+  on another node took 0.32 s with it, 1.12 s again from GlusterFS without).
 - ``single``: the primary only (LMCache today).
 - ``partial:F``: the primary, plus a second copy of a fraction F of each prefix's chunks, spread evenly along
   the prefix (a low-discrepancy sequence over the chunk position), so any read of a prefix finds about F of

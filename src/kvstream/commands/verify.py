@@ -1,4 +1,4 @@
-"""``kvstream verify PATH [PATH ...] [--json] [--repair] [--strict]``: check tier folders offline.
+"""``kvstream verify [PATH ...] [--config FILE] [--json] [--repair] [--strict]``: check tier folders offline.
 
 For each folder (see :mod:`kvstream.tiers.files` for the layout) it reads every chunk file and checks its header
 (magic, version, header checksum), that the key in the header is the one its name says, its size, and its
@@ -27,6 +27,12 @@ orphan younger than the lease expiry: a publish whose put is not logged yet; a m
 perhaps a listing this client does not see yet) is not touched but reported as ``skipped``. Stores on a
 ``shared`` tier follow index logs and see the repair.
 
+``--config FILE`` also opens the store that FILE describes and reports its replicas per tier: copies owed (the
+journal of copies the writer had to skip, :mod:`kvstream.replica_debt`) and, with ``replication: full``, chunks
+of the first tier another tier lacks (a crash before the journal reached the disk leaves those). A replica still
+missing is a warning (its other copy serves reads); ``--repair`` owes every deficit and lets the store's
+catch-up write them all, then reports what is left.
+
 Nothing here deserialises data: a chunk's header is parsed by :func:`kvstream.format.decode_header` only.
 """
 
@@ -50,6 +56,7 @@ from kvstream.errors import CorruptChunkError, UsageError
 from kvstream.format import HEADER_BYTES, decode_header
 from kvstream.tiers.files import MARKER, TMP_RE, _MARKER_TEXT, _TMP_MAX_AGE_S
 from kvstream.tiers.index import OP_DEL, OP_PUT, SNAPSHOT_SUFFIX, TierIndex, _decode_log, _parse_snapshot, _REC_BYTES
+from kvstream.replica_debt import ReplicaReport, check_replicas
 
 __all__ = ["register", "verify_tier", "Finding", "TierReport"]
 
@@ -398,7 +405,10 @@ def verify_tier(path: str | os.PathLike[str], *, repair: bool = False) -> TierRe
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = subparsers.add_parser("verify", help="check tier folders: headers, checksums, index consistency",
                               description=__doc__.split("\n\n")[1] if __doc__ else None)
-    p.add_argument("paths", nargs="+", metavar="PATH", help="a tier folder (the one a tier's `path` names)")
+    p.add_argument("paths", nargs="*", metavar="PATH", help="a tier folder (the one a tier's `path` names)")
+    p.add_argument("--config", metavar="FILE",
+                   help="also open the store this YAML describes and report its replicas: copies owed and, with "
+                        "`replication: full`, chunks of the first tier another tier lacks (--repair writes them)")
     p.add_argument("--repair", action="store_true",
                    help="quarantine bad files, fix the index, remove stale temporaries, then check again")
     p.add_argument("--strict", action="store_true", help="warnings count as failures too")
@@ -406,13 +416,34 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.set_defaults(handler=_run)
 
 
+def _replicas(config: str, repair: bool) -> ReplicaReport:
+    from kvstream.store import open_store
+
+    with open_store(config) as store:
+        return check_replicas(store, repair=repair)
+
+
 def _run(args: argparse.Namespace) -> int:
+    if not args.paths and not args.config:
+        raise UsageError("verify: give tier folders (PATH ...), --config FILE, or both")
     reports = [verify_tier(p, repair=args.repair) for p in args.paths]
-    bad = any(r.errors or (args.strict and r.warnings) for r in reports)
+    replicas = _replicas(args.config, args.repair) if args.config else None
+    # A replica still missing reads fine from its other copy: a warning (an error with --strict).
+    bad = any(r.errors or (args.strict and r.warnings) for r in reports) or bool(
+        args.strict and replicas is not None and replicas.missing)
     if args.json:
-        json.dump([r.to_dict() for r in reports], sys.stdout, indent=2)
+        out: object = [r.to_dict() for r in reports]
+        if replicas is not None:
+            out = {"tiers": out, "replicas": replicas.to_dict()}
+        json.dump(out, sys.stdout, indent=2)
         print()
         return 1 if bad else 0
+    if replicas is not None:
+        for tier in replicas.owed:
+            owed, lacking = replicas.owed[tier], replicas.deficits.get(tier, 0)
+            tag = "WARN" if owed or lacking else "OK  "
+            print(f"{tag} replicas on {tier}: {owed} copies owed, {lacking} chunks of the first tier missing"
+                  + (" (after --repair)" if replicas.repaired else ""))
     for r in reports:
         for line in r.repaired:
             print(f"REPAIRED {r.path}: {line}")

@@ -29,6 +29,7 @@ or ``reason`` / ``path`` where shown):
 ``lmcache:kvstream_used_bytes``              bytes held, by tier (gauge)
 ``lmcache:kvstream_chunks``                  chunks held, by tier (gauge)
 ``lmcache:kvstream_tier_circuit_open``       1 while the tier's circuit breaker is open, by tier (gauge)
+``lmcache:kvstream_tier_replicas_owed``      copies owed to the tier, not written yet, by tier (gauge)
 ``lmcache:kvstream_num_evicted_chunks``      chunks evicted to stay within capacity, by tier
 ``lmcache:kvstream_num_evicted_bytes``       their bytes, by disk tier
 ``lmcache:kvstream_num_write_errors``        copies that failed to write, by tier
@@ -102,6 +103,9 @@ _SPECS: list[tuple[Any, ...]] = [
     ("used_bytes", Gauge, "lmcache:kvstream_used_bytes", "Bytes each kvstream tier holds", ["tier"], "livemax"),
     ("chunks", Gauge, "lmcache:kvstream_chunks", "Chunks each kvstream tier holds", ["tier"], "livemax"),
     ("circuit_open", Gauge, "lmcache:kvstream_tier_circuit_open", "1 while the kvstream tier's circuit breaker is open",
+     ["tier"], "livemax"),
+    ("replicas_owed", Gauge, "lmcache:kvstream_tier_replicas_owed",
+     "Copies kvstream's replication policy wants on the tier that are not written yet (the catch-up writes them)",
      ["tier"], "livemax"),
     ("evicted_chunks", Counter, "lmcache:kvstream_num_evicted_chunks",
      "Chunks kvstream evicted to stay within each tier's capacity", ["tier"]),
@@ -233,6 +237,7 @@ class PluginMetrics:
                     self._add(attr, (tier, field), getattr(t, field), tier=tier, **extra)
                 self._set_gauges(tier, t)
                 self._l("circuit_open", tier=tier).set(1.0 if t.circuit == "open" else 0.0)
+                self._l("replicas_owed", tier=tier).set(float(t.replicas_owed))
                 self._write_children.setdefault(tier, self._l("time_to_write", tier=tier))  # exists from the start
             for field, attr in _MEMORY_STATS.items():
                 self._add(attr, (MEMORY_TIER, field), getattr(stats.memory, field), tier=MEMORY_TIER)

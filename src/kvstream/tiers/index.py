@@ -71,6 +71,7 @@ import numpy as np
 import xxhash
 
 from kvstream.tiers.lease import LEASE_EXPIRY_S, Lease, new_token
+from kvstream.tiers.private import mkdir_private
 
 log = logging.getLogger("kvstream.index")
 
@@ -264,7 +265,7 @@ class TierIndex:
         self._reserved = 0  # bytes allocated to our log (>= _own_size when reservation works)
         t0 = time.perf_counter()
         if writable:
-            folder.mkdir(parents=True, exist_ok=True)
+            mkdir_private(folder)
             self.lease.start()  # before our log exists: a log without a live lease is a dead writer's
             try:
                 self._compact()

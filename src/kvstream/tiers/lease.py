@@ -35,6 +35,8 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from kvstream.tiers.private import mkdir_private
+
 if TYPE_CHECKING:
     from kvstream.config import StoreConfig
 
@@ -61,7 +63,7 @@ def node_uid(state_file: Path) -> str:
     Two processes starting at once on one node may both draw: ``O_EXCL`` makes one of them win and the other
     reads the winner's id. A damaged file (not 16 hex digits) is an error to fix by hand, not silently
     replaced: replacing it would orphan every chunk this node owns on its shared tiers."""
-    state_file.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    mkdir_private(state_file.parent)  # every missing level 0700, whatever the umask
     for _ in range(2):
         try:
             text = state_file.read_text().strip()

@@ -1,0 +1,251 @@
+"""`kvstream replay --crosscheck`: the simulator runs the store's own read and write rules (windows in bytes, the
+read-ahead bound with the consumer's checks, the write backlog valve and its catch-up), and the comparison and
+breakdown it prints (issue 11)."""
+
+from __future__ import annotations
+
+import argparse
+import math
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from kvstream.commands.replay import (_crosscheck, _LoadProbe, _measure_tiers, crosscheck_lines, crosscheck_system,
+                                      read_breakdown)
+from kvstream.eviction import make_eviction_policy
+from kvstream.replication import parse_replication
+from kvstream.routing import parse_router
+from kvstream.serving.core import WriteChunks
+from kvstream.serving.gpu import CostModel, get_gpu, get_model_shape
+from kvstream.sim.devices import Device
+from kvstream.sim.driver import Hardware, SystemConfig, TierModel, simulate
+from kvstream.sim.engine import EventLoop
+from kvstream.sim.storage import SimStorage, SimTier
+from kvstream.workload import generate, preset
+
+MB = 1 << 20
+CHUNK = 48 * MB
+
+
+def _store(*, bws=(2.5e9, 0.4e9), wbws=None, host_chunks=64, backlog=None, windows=None, verify_s=0.0):
+    from kvstream.read_windows import make_read_windows
+
+    loop = EventLoop()
+    wbws = wbws or bws
+    tiers = [SimTier(name=f"t{i}", device=Device(loop, f"t{i}", read_bw=bw, write_bw=wbw), read_window=1)
+             for i, (bw, wbw) in enumerate(zip(bws, wbws))]
+    rw = make_read_windows("fixed", windows[0], min_bytes=windows[1]) if windows is not None else None
+    st = SimStorage(loop, tiers=tiers, router=parse_router("mitm", [t.name for t in tiers]),
+                    replication=parse_replication("full"), host_eviction=make_eviction_policy("lru"),
+                    host_capacity_chunks=host_chunks, chunk_bytes=CHUNK, write_backlog_bytes=backlog,
+                    read_windows=rw, verify_s=verify_s)
+    return loop, st
+
+
+def _write(loop, st, ids, *, every=0.05):
+    """One put + flush per chunk, ``every`` seconds apart (a serving loop's steps)."""
+    for k, c in enumerate(ids):
+        loop.at(k * every, 0, lambda c=c: (st.write(WriteChunks(request_id=c, chunk_ids=(c,), first_position=0)),
+                                          st.flush()))
+    loop.run(until=1e6)
+
+
+def test_write_backlog_valve_skips_second_copies_and_catch_up_pays_them_from_disk():
+    # A 0.2 GB/s second tier cannot keep up with a chunk every 50 ms (1 GB/s): past the backlog its copies are
+    # owed, and paid back once it drains, by reading back from the first tier the chunks host memory no longer
+    # holds (a host memory of 8 chunks: most were evicted by then).
+    ids = list(range(1, 41))
+    loop, st = _store(bws=(2.5e9, 2e9), wbws=(2.5e9, 0.2e9), host_chunks=8, backlog=4 * CHUNK)
+    _write(loop, st, ids)
+    s = st.stats()
+    assert s["write_skipped_backlog_t1"] > 10
+    assert s["catch_up_reads_t0"] > 0  # read back from the local tier, a real read on its device
+    assert s["read_bytes_t0"] == s["catch_up_reads_t0"] * CHUNK
+    assert all(c in st.tiers[0].chunks and c in st.tiers[1].chunks for c in ids)  # every debt paid
+    assert s["write_amplification"] == pytest.approx(2.0)
+    assert not st.busy()
+
+
+def test_without_the_valve_the_slow_tier_pins_host_memory_past_its_size():
+    # The model before the valve (and still the default): every second copy queues, its chunk stays pinned, and
+    # host memory overflows; the store would have skipped them. The valve keeps host memory within bounds.
+    ids = list(range(1, 41))
+    loop, st = _store(bws=(2.5e9, 2e9), wbws=(2.5e9, 0.2e9), host_chunks=8)
+    _write(loop, st, ids)
+    unbounded = st.host_overflow_max
+    assert unbounded > 20
+    assert "write_skipped_backlog_t1" not in st.stats()
+    loop, st = _store(bws=(2.5e9, 2e9), wbws=(2.5e9, 0.2e9), host_chunks=8, backlog=4 * CHUNK)
+    _write(loop, st, ids)
+    # The backlog, and a catch-up pass's copies (up to CATCH_UP_BATCH at once, as the store orders them)
+    assert st.host_overflow_max < unbounded / 2
+
+
+def _one_tier_load(windows, verify_s, n=20):
+    from kvstream.read_windows import make_read_windows
+
+    loop = EventLoop()
+    tier = SimTier(name="t0", device=Device(loop, "t0", read_bw=2.5e9, write_bw=1e9), read_window=1)
+    st = SimStorage(loop, tiers=[tier], router=parse_router("single:t0", ["t0"]),
+                    replication=parse_replication("single"), host_eviction=make_eviction_policy("lru"),
+                    host_capacity_chunks=4 * n, chunk_bytes=CHUNK, verify_s=verify_s,
+                    read_windows=make_read_windows("fixed", [windows[0]], min_bytes=windows[1]))
+    ids = list(range(1, n + 1))
+    st.prewarm(ids)
+    got = []
+    st.start_load(0, [(1, tuple(ids))], got.append)
+    loop.run(until=1e6)
+    assert got and got[0].available == ((1, n),)
+    return st.read_log[0][1]
+
+
+def test_windows_smaller_than_a_chunk_make_each_refill_wait_for_the_check():
+    # The store's default: 32 MiB windows, 48 MiB chunks. The read-ahead bound (the sum of the windows) is below
+    # one chunk, so a landed chunk must be checked before its tier reads the next: each read costs its device time
+    # plus the check. With windows of two chunks the next read starts at the landing and only the checks of the
+    # last two (which land together, sharing the device) add.
+    n, verify = 20, 0.003
+    device = n * CHUNK / 2.5e9
+    gated = _one_tier_load((32 * MB, 0), verify, n)
+    free = _one_tier_load((2 * CHUNK, 0), verify, n)
+    assert gated == pytest.approx(device + n * verify, rel=1e-6)
+    assert free == pytest.approx(device + 2 * verify, rel=1e-6)
+
+
+def test_tier_model_window_bytes_reach_the_read_steps():
+    chunk = Hardware(gpu="a100", model="qwen2.5-14b", tp=2).cost_model().model.chunk_bytes()
+    assert chunk == CHUNK
+    reqs = generate(preset("agent-long").replace(n_requests=16), 0)
+    hw = Hardware(gpu="a100", model="qwen2.5-14b", tp=2, hbm_kv_bytes=1 << 30)
+
+    def run(window_bytes: int | None) -> float:
+        tiers = (TierModel(name="local", read_bw=2.5e9, write_bw=1.3e9, read_window=4, read_window_bytes=window_bytes),
+                 TierModel(name="shared", read_bw=0.4e9, write_bw=0.4e9, read_window=4, read_window_bytes=window_bytes))
+        sysc = SystemConfig(name="x", tiers=tiers, host_memory_bytes=1 << 30, read_windows="balanced", verify_s=0.003,
+                            read_window_floor_bytes=0 if window_bytes else None)
+        res = simulate([reqs], sysc, hw)
+        assert res.summary["storage_disk_loads"] > 0
+        return float(res.summary["storage_read_s"]) / res.summary["storage_disk_loads"]
+
+    assert run(32 * MB) > run(None) * 1.05  # the store's 32 MiB windows: every refill waits for a check
+
+
+def _real(**kw):
+    real = {
+        "system": "kvstream-only",
+        "summary": {"read_time_per_step_s": 0.5, "load_gbps": 2.0, "load_busy_s": 10.0, "load_disk_bytes": 20e9},
+        "steps_read_s": [0.5] * 4, "step_read_bytes": [1e9] * 4, "tier_gbps": {"local": 2.0, "shared": 0.4},
+        "verify_s_per_chunk": 0.0025,
+        "store_model": {"read_windows": "balanced", "read_window_bytes": [32 * MB, 32 * MB],
+                        "read_window_floor_bytes": 0, "write_backlog_bytes": [1 << 30, 1 << 30],
+                        "capacity_bytes": [12 << 30, 12 << 30]},
+        "store_counters": {"catch_up_reads": 7},
+        "tier_stats": {"local": {"read_latency_p50_s": 0.02, "read_latency_p99_s": 0.17}},
+        "load_steps": [],
+    }
+    real.update(kw)
+    return real
+
+
+MEASURED = {"local": {"read_bw": 2.5e9, "write_bw": 1.3e9, "mixed_read_bw": 1.0e9},
+            "shared": {"read_bw": 0.4e9, "write_bw": 0.4e9, "mixed_read_bw": 0.4e9}}
+
+
+def test_crosscheck_system_runs_the_stores_rules_as_the_replay_ran_them():
+    sysc = crosscheck_system(MEASURED, _real(), 2 << 30)
+    assert [t.read_window_bytes for t in sysc.tiers] == [32 * MB, 32 * MB]
+    assert sysc.read_window_floor_bytes == 0
+    assert sysc.verify_s == 0.0025
+    assert sysc.write_backlog_bytes == 1 << 30
+    assert sysc.read_windows == "balanced"
+    assert [t.capacity_bytes for t in sysc.tiers] == [12 << 30, 12 << 30]
+    assert [t.read_share for t in sysc.tiers] == [pytest.approx(0.4), 1.0]
+    assert sysc.host_memory_bytes == 2 << 30
+
+
+def test_read_breakdown_splits_each_tiers_time():
+    loads = [{"s": 1.0, "busy_s": [0.9, 0.8], "bytes": [2.0e9, 0.2e9], "chunks": [40, 4]},
+             {"s": 0.5, "busy_s": [0.5, 0.5], "bytes": [1.0e9, 0.1e9], "chunks": [20, 2]}]
+    b = read_breakdown(loads, ["local", "shared"], {"local": 2.5e9, "shared": 0.4e9}, 0.002)
+    loc, sh = b["tiers"]["local"], b["tiers"]["shared"]
+    assert b["load_s"] == pytest.approx(1.5) and b["loads"] == 2
+    assert loc["busy_s"] == pytest.approx(1.4) and loc["at_alone_s"] == pytest.approx(1.2)
+    assert loc["device_excess_s"] == pytest.approx(0.2) and loc["idle_s"] == pytest.approx(0.1)
+    assert sh["at_alone_s"] == pytest.approx(0.75) and sh["idle_s"] == pytest.approx(0.2)
+    assert b["check_s"] == pytest.approx(66 * 0.002)
+
+
+def test_crosscheck_compares_load_speed_and_never_predicts_above_the_bound():
+    # Before, the simulator's figure could read as 3.2 GB/s against tiers of 2.44 + 0.39 GB/s: bytes per step
+    # counted host-memory hits. The load speed compared now counts disk bytes over the time a load was reading,
+    # as the replay's does, so it cannot pass the sum of the tiers' bandwidths.
+    reqs = generate(preset("agent-long").replace(n_requests=24), 0)
+    cost = CostModel(get_gpu("a100"), get_model_shape("qwen2.5-14b"), 2)
+    args = argparse.Namespace(memory="2GiB", gpu="a100", model="qwen2.5-14b", tp=2, gpu_kv="2GiB", speed=1.0, seed=0)
+    loads = [{"s": 0.6, "busy_s": [0.5, 0.55], "bytes": [1.0e9, 0.2e9], "chunks": [20, 4]}]
+    cc = _crosscheck(reqs, [_real(load_steps=loads)], args, cost, True, MEASURED)
+    assert cc["sim_load_disk_bytes"] > 0 and cc["sim_steps_with_reads"] > 0
+    assert 0 < cc["sim_load_gbps"] <= (2.5e9 + 0.4e9) / 1e9
+    assert cc["load_gbps_difference"] == pytest.approx((cc["sim_load_gbps"] - 2.0) / 2.0)
+    assert cc["model"] == {"read_window_bytes": [32 * MB, 32 * MB], "read_window_floor_bytes": 0,
+                           "verify_s": 0.0025, "write_backlog_bytes": 1 << 30}
+    assert cc["sim_breakdown"]["loads"] == cc["sim_steps_with_reads"]  # blocking loads only (FCFS)
+    assert cc["replay_breakdown"]["tiers"]["local"]["busy_s"] == pytest.approx(0.5)
+    text = "\n".join(crosscheck_lines(cc))
+    assert "load speed" in text and "local:" in text and "shared:" in text and "catch-up reads back 7 /" in text
+    assert "replay read latency p50 20 ms, p99 170 ms" in text
+    assert not math.isnan(cc["difference"])
+
+
+def test_crosscheck_models_the_tiers_capacity():
+    # With small tiers the store evicts and later reads miss (recomputed); a model with unlimited tiers read them.
+    reqs = generate(preset("agent-long").replace(n_requests=32), 0)
+    cost = CostModel(get_gpu("a100"), get_model_shape("qwen2.5-14b"), 2)
+    args = argparse.Namespace(memory="2GiB", gpu="a100", model="qwen2.5-14b", tp=2, gpu_kv="2GiB", speed=1.0, seed=0)
+    small = _real()
+    small["store_model"] = {**small["store_model"], "capacity_bytes": [1 << 30, 1 << 30]}
+    big = _crosscheck(reqs, [_real()], args, cost, True, MEASURED)
+    few = _crosscheck(reqs, [small], args, cost, True, MEASURED)
+    assert few["sim_load_disk_bytes"] < 0.7 * big["sim_load_disk_bytes"]
+
+
+def test_crosscheck_needs_kvstream_only():
+    cc = _crosscheck([], [{"system": "lmcache-like"}], argparse.Namespace(), None, True, MEASURED)
+    assert "error" in cc
+
+
+def test_load_probe_records_the_tiers_busy_time_of_disk_reads_only(tmp_path: Path):
+    from kvstream.store import open_store
+
+    store = open_store({"tiers": [{"name": "a", "path": str(tmp_path / "a"), "capacity_bytes": 64 * MB},
+                                  {"name": "b", "path": str(tmp_path / "b"), "capacity_bytes": 64 * MB}],
+                        "memory_bytes": 16 * MB, "create_dirs": True})
+    try:
+        probe = _LoadProbe(store)
+        keys = [f"k{i}".encode() for i in range(6)]
+        for k in keys:
+            probe.put(k, bytes(MB))  # delegated to the store
+        store.flush()
+        store.drain(timeout=30)
+        store.evict_memory()
+        got = [c for _, c in probe.read_chunks(keys)]
+        assert all(c is not None for c in got)
+        assert len(probe.loads) == 1
+        lo = probe.loads[0]
+        assert sum(lo["chunks"]) >= 6 and sum(lo["bytes"]) >= 6 * MB
+        assert all(b > 0 for b, n in zip(lo["busy_s"], lo["chunks"]) if n)
+        assert lo["s"] >= max(lo["busy_s"]) * 0.5
+        list(probe.read_chunks(keys[:2]))  # now in host memory: no disk read, nothing recorded
+        assert len(probe.loads) == 1
+    finally:
+        store.close()
+
+
+def test_mixed_probe_reports_reads_and_writes_beside_each_other(tmp_path: Path):
+    cost = SimpleNamespace(model=SimpleNamespace(chunk_bytes=lambda: MB))
+    args = argparse.Namespace(emulate_gbps=0.4)
+    out = _measure_tiers([("local", tmp_path / "l")], args, cost, False, n=8, mixed=True)
+    m = out["local"]
+    assert set(m) == {"read_bw", "write_bw", "mixed_read_bw", "mixed_write_bw"}
+    assert all(v > 0 for v in m.values())
