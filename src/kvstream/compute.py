@@ -40,10 +40,6 @@ the batch has no room for it). After the step, :func:`leading_computed` gives ea
 recomputed run (what ``LoadDone.computed`` reports). Replay's store cannot reorder its step, so it hands the
 store its keys in :func:`compute_order_hint`'s order and splits with ``reorder=False``.
 
-The one-chain rule of the first version (:func:`chain_length`, :func:`items_to_skip`,
-:func:`computed_per_item`: only the load's first request had a front/back split, the others were read or
-recomputed whole) stays until every driver uses :func:`split_load`.
-
 Invariant: a plan never asks for more than the chain, and ``front`` is inside it (0 <= front <= len(cost_s)).
 """
 
@@ -59,29 +55,8 @@ from kvstream.read_step import ComputePlan
 
 H = TypeVar("H", bound=Hashable)
 
-__all__ = ["ComputePolicy", "best_split", "gpu_share", "chain_length", "computed_per_item", "items_to_skip",
-           "item_chains", "merge_chains", "split_load", "LoadSplit", "leading_computed", "compute_order_hint"]
-
-
-def chain_length(items: Sequence[Sequence[Hashable]], disk: Sequence[Hashable]) -> int:
-    """The compute chain of a load: how many leading chunks of ``items[0]`` the read step's compute source may
-    recompute. ``disk``: the load's chunks to read, in step order (deduplicated; host-memory hits left out).
-    Chunk ``j`` joins while it is the step's chunk ``j`` (so chunks 0..j of the first item are all read, none
-    from host memory) and every other item that needs it has the same leading chunks up to it: a recomputed
-    chunk is then a *leading* chunk of every item it serves, which is what a driver reports per item
-    (:func:`computed_per_item`) and what the serving core's pin count per item relies on. Both drivers (the
-    simulator's store and replay's) use this one rule."""
-    if not items:
-        return 0
-    first = items[0]
-    others = [(set(ch), _common(first, ch)) for ch in items[1:]]
-    n = 0
-    while n < min(len(first), len(disk)) and disk[n] == first[n]:
-        c = first[n]
-        if any(c in held and agree <= n for held, agree in others):
-            break
-        n += 1
-    return n
+__all__ = ["ComputePolicy", "best_split", "gpu_share", "item_chains", "merge_chains", "split_load", "LoadSplit",
+           "leading_computed", "compute_order_hint"]
 
 
 def _common(a: Sequence[Hashable], b: Sequence[Hashable]) -> int:
@@ -89,35 +64,6 @@ def _common(a: Sequence[Hashable], b: Sequence[Hashable]) -> int:
     while n < min(len(a), len(b)) and a[n] == b[n]:
         n += 1
     return n
-
-
-def items_to_skip(policy: "ComputePolicy", items: Sequence[Sequence[Hashable]],
-                  on_disk: Mapping[Hashable, Collection[int]], cost_s: Sequence[Sequence[float]],
-                  chunk_bytes: int) -> dict[int, int]:
-    """The split's other end for a load's items past the first (the compute chain serves one item): an item
-    whose disk chunks (``on_disk``: chunk -> tiers holding it) no other item needs, and which the GPU recomputes
-    faster than the tiers read it (:meth:`ComputePolicy.skip`), is left out of the read. Returns item index ->
-    its first disk chunk: it is available up to there, the core recomputes the rest in the step's prefill."""
-    uses = Counter(c for ch in items for c in set(ch) if c in on_disk)
-    out: dict[int, int] = {}
-    for k in range(1, min(len(items), len(cost_s))):
-        ch = items[k]
-        mine = [j for j, c in enumerate(ch) if c in on_disk]
-        if not mine or any(uses[ch[j]] > 1 for j in mine):
-            continue
-        first = mine[0]
-        tiers = sorted(set().union(*(on_disk[ch[j]] for j in mine)))
-        if policy.skip(cost_s[k][first:], (len(ch) - first) * chunk_bytes, tiers):
-            out[k] = first
-    return out
-
-
-def computed_per_item(items: Sequence[Sequence[Hashable]], computed: int, avail: Sequence[int]) -> list[int]:
-    """Per item: how many of its leading chunks were recomputed, given that the first ``computed`` chunks of
-    ``items[0]`` were (its leading run; ``avail[k]``: item ``k``'s leading chunks available at all)."""
-    if not items or computed <= 0:
-        return [0] * len(items)
-    return [min(_common(items[0][:computed], ch), avail[k]) for k, ch in enumerate(items)]
 
 
 def item_chains(items: Sequence[Sequence[Hashable]], disk: Collection[Hashable],

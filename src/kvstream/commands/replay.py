@@ -291,7 +291,7 @@ def _run_one(name: str, reqs: list[Any], tiers: list[tuple[str, Path]], args: ar
         sysd["serving"], hbm_capacity_tokens=max(parse_size(args.gpu_kv, "--gpu-kv") // cost.kv_bytes_per_token, 1),
         # prefetched KV waits in staging buffers of the same size as the host-memory tier's half
         prefetch_budget_chunks=max(mem // chunk_bytes // 2, 1) if sysd["serving"].prefetch != "none" else None)
-    core = ServingCore(cost, backend.lookup, serving, chunk_bytes=chunk_bytes)
+    core = ServingCore(cost, backend.lookup, serving, chunk_bytes=chunk_bytes, compute=compute)
     task = progress.add_task(f"{name:14s}", total=len(reqs)) if progress is not None else None
     drv = RealtimeDriver(core, backend, reqs, speed=args.speed,
                          on_progress=(lambda done, n: progress.update(task, completed=done)) if progress else None)

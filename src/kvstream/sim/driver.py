@@ -316,7 +316,7 @@ def simulate(
         if prewarm is not None:
             for prefix in prewarm[i]:
                 storage.prewarm(prefix, prewarm_tiers)
-        core = ServingCore(cost, storage.lookup, serving, chunk_bytes=chunk_bytes)
+        core = ServingCore(cost, storage.lookup, serving, chunk_bytes=chunk_bytes, compute=compute)
         node = SimNode(loop, core, storage, reqs, on_change=check_done, record=record)
         nodes.append(node)
 

@@ -17,9 +17,12 @@ becomes a device read, a landing is checked after ``verify_s`` of the node's one
 ``Deliver`` pins the chunk in host memory. No hedging: the devices do not stall.
 
 Compute joins the meeting (``compute``: a :class:`kvstream.compute.ComputePolicy`): a load whose
-``StartLoad`` carries ``compute_s`` gives its read step a compute source over the *chain*, its first item's
-leading chunks that are on disk and needed by that item alone (a chunk another item of the load shares, or one
-already in host memory, ends the chain: the core counts pins per item). The step's :class:`Compute` actions
+``StartLoad`` carries ``compute_s`` gives its read step a compute source, and every item of the load its own
+front/back split (:func:`kvstream.compute.split_load`, the rule replay's store applies too): each item's
+leading chunks that are on disk (a chunk another item shares at another position, or one in host memory, ends
+its chain: the core counts pins per item) are merged into one compute order, cheapest first, which leads the
+step's chunk list; an item with no chain that the GPU recomputes sooner than the tiers read it is left out of
+the read (the core recomputes it in the step's prefill). The step's :class:`Compute` actions
 run on the node's modelled GPU: one chunk at a time, ``seconds`` each, on the event loop; computed chunks are
 reported in ``LoadDone.computed`` and never pinned. The policy measures the tiers after each load, as the read
 windows do. ``read_disk=False`` (the recompute-only baseline): ``lookup`` sees host memory only, so nothing is
@@ -48,7 +51,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, cast
 
 from kvstream.eviction import AccessMeta, EvictionPolicy, eviction_options, make_eviction_policy
-from kvstream.compute import ComputePolicy, chain_length, computed_per_item, items_to_skip
+from kvstream.compute import ComputePolicy, leading_computed, split_load
 from kvstream.read_step import Action, ChunkState, Compute, Deliver, Open, ReadState, ReadStep, Release, Submit
 from kvstream.replication import CopyOrder, ReadObservation, ReplicationPolicy, WriteIntent
 from kvstream.read_windows import ReadWindows
@@ -279,8 +282,22 @@ class SimStorage:
                 ld.need[c] = [k]
                 ld.disk.append(c)
                 ld.holders.append(hs)
-        if self.compute is not None and len(compute_s) == len(items) and len(items) > 1:
-            self._skip_items(ld, compute_s)
+        plan = None
+        if self.compute is not None and compute_s and ld.disk:
+            # Every item its own split (kvstream.compute.split_load): the merged chain leads the step; items
+            # left to the step's prefill are not read.
+            split = split_load(self.compute, [ch[: ld.avail[k]] for k, (_, ch) in enumerate(items)], ld.disk,
+                               ld.holders, compute_s, self.chunk_bytes)
+            for k, first in split.leave.items():
+                ld.avail[k] = first
+            keep = set(split.order)
+            for i, c in enumerate(ld.disk):
+                if i not in keep:
+                    del ld.need[c]
+            ld.disk = [ld.disk[i] for i in split.order]
+            ld.holders = [ld.holders[i] for i in split.order]
+            ld.chain = split.chain
+            plan = split.plan
         if not ld.disk:
             # Host memory only: done at once (as an event, so the core is never re-entered).
             self.loop.at(self.loop.now, PRIO_IO, self._finish_load, ld)
@@ -289,35 +306,12 @@ class SimStorage:
             windows = self.read_windows.windows()
         else:
             windows = [t.read_window * self.chunk_bytes for t in self.tiers]
-        plan = None
-        if self.compute is not None and compute_s and items:
-            cost0 = compute_s[0]
-            ld.chain = min(chain_length([ch[: ld.avail[k]] for k, (_, ch) in enumerate(items)], ld.disk), len(cost0))
-            nbytes = [self.chunk_bytes] * len(ld.disk)
-            plan = self.compute.plan(cost0[: ld.chain], nbytes, sorted(set().union(*ld.holders)))
         ld.step = ReadStep(self.router.schedule(ld.holders, n_t, front=plan.front if plan else 0),
                            [self.chunk_bytes] * len(ld.disk), windows, compute=plan)
         for tier in self.tiers:
             tier.device._advance(self.loop.now)
         ld.pot0 = [tier.device.potential_read for tier in self.tiers]
         self._carry_out(ld, ld.step.start(self.loop.now))
-
-    def _skip_items(self, ld: _Load, compute_s: Sequence[Sequence[float]]) -> None:
-        """Leave out of the read the items the policy recomputes whole (:func:`kvstream.compute.items_to_skip`)."""
-        assert self.compute is not None
-        on_disk = dict(zip(ld.disk, ld.holders))
-        skip = items_to_skip(self.compute, [ch[: ld.avail[k]] for k, (_, ch) in enumerate(ld.items)], on_disk,
-                             compute_s, self.chunk_bytes)
-        drop: set[Hashable] = set()
-        for k, first in skip.items():
-            drop.update(c for c in ld.items[k][1][first: ld.avail[k]] if c in on_disk)
-            ld.avail[k] = first
-        if drop:
-            keep = [i for i, c in enumerate(ld.disk) if c not in drop]
-            ld.disk = [ld.disk[i] for i in keep]
-            ld.holders = [ld.holders[i] for i in keep]
-            for c in drop:
-                del ld.need[c]
 
     def _carry_out(self, ld: _Load, acts: list[Action]) -> None:
         """The read step's actions on modelled devices (see the module docstring)."""
@@ -399,20 +393,19 @@ class SimStorage:
                         if chunks[j] in lost_set:
                             ld.avail[k] = j
                             break
-        computed = 0  # the leading run of items[0]'s chunks the GPU recomputed: on the GPU, never pinned
+        counts = [0] * len(ld.items)  # per item: the leading run the GPU recomputed (on the GPU, never pinned)
         if ld.step is not None and ld.step.computed_chunks:
-            done = ld.step.computed_chunks
-            while computed < len(done) and done[computed] == computed:
-                computed += 1
+            done = {ld.disk[j] for j in ld.step.computed_chunks}
+            counts = leading_computed([ch for _, ch in ld.items], done, ld.avail)
             self.computed_chunks += len(done)
             self.compute_s += ld.step.compute_s
             # Chunks recomputed behind one a tier delivered: the core counts a leading run per item, so these
             # are pinned as if loaded (their host->GPU move is charged: pessimistic, by a few ms a chunk).
-            for j in done[computed:]:
-                c = ld.disk[j]
-                for k in ld.need[c]:
-                    self._pin(c)
-                    ld.pinned[k].append(c)
+            for k, (_, chunks) in enumerate(ld.items):
+                for c in chunks[counts[k]: ld.avail[k]]:
+                    if c in done:
+                        self._pin(c)
+                        ld.pinned[k].append(c)
         # Each item keeps its pins on its available prefix only.
         for k, (_, chunks) in enumerate(ld.items):
             keep = set(chunks[: ld.avail[k]])
@@ -448,7 +441,6 @@ class SimStorage:
             ))
             if orders:
                 self._copy(orders, ld)
-        counts = computed_per_item([ch for _, ch in ld.items], computed, ld.avail)
         per_item = [(rid, c) for (rid, _), c in zip(ld.items, counts) if c]
         ld.on_done(LoadDone(load_id=ld.load_id,
                             available=tuple((rid, ld.avail[k]) for k, (rid, _) in enumerate(ld.items)),
