@@ -23,13 +23,18 @@ def payload(key: bytes) -> bytes:
     return np.random.default_rng(key[0]).bytes(40_000)
 
 
-def test_a_peers_prefix_is_copied_to_the_local_tier_on_first_use(disk_tmp):
-    keys = [bytes([i]) * 16 for i in range(8)]
-    with kvstream.open_store(node(disk_tmp, "a")) as a:
+def publish_from_a(root: Path, keys: list[bytes]) -> None:
+    """Node a writes the chunks (local and shared tier) and closes; node b has never seen them."""
+    with kvstream.open_store(node(root, "a")) as a:
         for k in keys:
             a.put(k, payload(k))
         a.flush()
         assert a.drain(10)
+
+
+def test_a_peers_prefix_is_copied_to_the_local_tier_on_first_use(disk_tmp):
+    keys = [bytes([i]) * 16 for i in range(8)]
+    publish_from_a(disk_tmp, keys)
     with kvstream.open_store(node(disk_tmp, "b")) as b:
         assert isinstance(b.replication, FullReplication) and b.replication.read_through
         assert b.lookup(keys) == len(keys) and not any(b.tiers[0].contains(k) for k in keys)
@@ -61,11 +66,7 @@ def test_a_peers_chunk_read_into_the_callers_buffer_gets_its_local_copy(disk_tmp
     """``read_into`` (the LMCache plugin's path) with unaligned targets reads through host memory: the copy is
     made from there, on a node that never puts (the read step hands it to the writer itself)."""
     keys = [bytes([100 + i]) * 16 for i in range(6)]
-    with kvstream.open_store(node(disk_tmp, "a")) as a:
-        for k in keys:
-            a.put(k, payload(k))
-        a.flush()
-        assert a.drain(10)
+    publish_from_a(disk_tmp, keys)
     with kvstream.open_store(node(disk_tmp, "b")) as b:
         targets = [bytearray(40_000) for _ in keys]
         assert sorted(dict(b.read_into(keys, targets))) == list(range(len(keys)))
@@ -79,11 +80,7 @@ def test_a_copy_with_nothing_in_host_memory_is_owed_and_paid_by_the_catch_up(dis
     import time
 
     keys = [bytes([200 + i]) * 16 for i in range(4)]
-    with kvstream.open_store(node(disk_tmp, "a")) as a:
-        for k in keys:
-            a.put(k, payload(k))
-        a.flush()
-        assert a.drain(10)
+    publish_from_a(disk_tmp, keys)
     with kvstream.open_store(node(disk_tmp, "b")) as b:
         real_get = b.memory.get
         monkeypatch.setattr(b.memory, "get", lambda key, **kw: None)  # as if every read had overflowed

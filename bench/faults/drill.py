@@ -513,6 +513,17 @@ def kernel_scenario(kind: str) -> Callable[[Round, Tally], None]:
 
 
 
+def timed_puts(s: kvstream.Store, keys: list[bytes], size: int) -> float:
+    """Put and flush each key; returns the slowest put+flush (the serving path must never wait on a bad tier)."""
+    worst = 0.0
+    for k in keys:
+        t1 = time.monotonic()
+        s.put(k, payload_for(k, size))
+        s.flush()
+        worst = max(worst, time.monotonic() - t1)
+    return worst
+
+
 def owed_replicas(r: Round, t: Tally) -> None:
     """A burst past the shared tier's write backlog: its copies are skipped, owed, and written by the catch-up;
     after a restart nothing is owed and every chunk has both copies (issue 13: full replication is full)."""
@@ -562,12 +573,7 @@ def xfs_down(r: Round, t: Tally) -> None:
         t.peak(max_step_s=time.monotonic() - t0)
         t.wrong_bytes += wrong(first, out, size)
         t.bytes_lost += size * sum(o is None for o in out)
-        worst = 0.0
-        for k in later:
-            t1 = time.monotonic()
-            s.put(k, payload_for(k, size))
-            s.flush()
-            worst = max(worst, time.monotonic() - t1)
+        worst = timed_puts(s, later, size)
         s.drain(30)
         t.peak(max_put_flush_s=worst)
         st = s.stats().tiers["local"]
@@ -609,12 +615,7 @@ def frozen(r: Round, t: Tally) -> None:
         s.drain(30)
         fs.freeze()
         try:
-            worst = 0.0
-            for k in later:
-                t1 = time.monotonic()
-                s.put(k, payload_for(k, size))
-                s.flush()
-                worst = max(worst, time.monotonic() - t1)
+            worst = timed_puts(s, later, size)
             t.peak(max_put_flush_s=worst)
             s.evict_memory()
             t0 = time.monotonic()

@@ -27,6 +27,7 @@ from kvstream.sim.scenarios import (
     _pct,
     _plt,
     bidaw_systems,
+    largest_passing,
     kvstream,
     lmcache,
     offline_documents,
@@ -290,19 +291,12 @@ def sharegpt_workload(user_rate: float, *, quick: bool, seed: int, gap_s: float 
 
 def _max_rate(system: SystemConfig, hw: Hardware, target: float, *, quick: bool, seed: int, lo: float, hi: float,
               iters: int) -> float:
-    """Largest user arrival rate at which the mean TTFT stays within ``target`` (bisection in log space)."""
+    """Largest user arrival rate at which the mean TTFT stays within ``target``."""
     def ok(rate: float) -> bool:
         ttft: float = simulate([sharegpt_workload(rate, quick=quick, seed=seed)], system, hw, seed=seed).summary["ttft_mean_s"]
         return ttft <= target
 
-    if not ok(lo):
-        return lo
-    if ok(hi):
-        return hi
-    for _ in range(iters):
-        mid = math.sqrt(lo * hi)
-        lo, hi = (mid, hi) if ok(mid) else (lo, mid)
-    return lo
+    return largest_passing(ok, lo, hi, iters)
 
 
 @scenario("sharegpt", "B9", "Bidaw vs FlashGen on ShareGPT-like conversations with Poisson timestamps")

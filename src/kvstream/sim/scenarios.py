@@ -794,14 +794,9 @@ def bidaw_systems(host: float, *, compact: bool = False) -> dict[str, SystemConf
     }
 
 
-def _max_speed(system: SystemConfig, hw: Hardware, users: float, minutes: float, target: float, seed: int,
-               lo: float = 0.25, hi: float = 16.0, iters: int = 6) -> float:
-    """Largest arrival compression at which the mean TTFT stays within ``target`` (bisection in log space)."""
-    def ok(speed: float) -> bool:
-        reqs = bidaw_requests(users, minutes, speed=speed)
-        ttft: float = simulate([reqs], system, hw, seed=seed).summary["ttft_mean_s"]
-        return ttft <= target
-
+def largest_passing(ok: Callable[[float], bool], lo: float, hi: float, iters: int) -> float:
+    """The largest load in [lo, hi] for which ``ok`` holds, assuming it holds below some threshold and fails above
+    it: bisection in log space (loads span orders of magnitude). ``lo`` if even it fails, ``hi`` if it passes."""
     if not ok(lo):
         return lo
     if ok(hi):
@@ -810,6 +805,17 @@ def _max_speed(system: SystemConfig, hw: Hardware, users: float, minutes: float,
         mid = math.sqrt(lo * hi)
         lo, hi = (mid, hi) if ok(mid) else (lo, mid)
     return lo
+
+
+def _max_speed(system: SystemConfig, hw: Hardware, users: float, minutes: float, target: float, seed: int,
+               lo: float = 0.25, hi: float = 16.0, iters: int = 6) -> float:
+    """Largest arrival compression at which the mean TTFT stays within ``target``."""
+    def ok(speed: float) -> bool:
+        reqs = bidaw_requests(users, minutes, speed=speed)
+        ttft: float = simulate([reqs], system, hw, seed=seed).summary["ttft_mean_s"]
+        return ttft <= target
+
+    return largest_passing(ok, lo, hi, iters)
 
 
 @scenario("bidaw", "B1 B2 B5 B7", "Bidaw vs CachedAttention- and FlashGen-style baselines on the Bidaw trace")
