@@ -119,3 +119,23 @@ def test_kvstream_plus_compute_recomputes_fronts_through_the_real_store(tmp_path
     s = rep["results"][0]["summary"]
     assert s["completed"] == 12 and s["ttft_mean_s"] > 0
     assert s["storage_computed_chunks"] > 0
+
+
+def test_a_killed_replays_emulated_tier_is_removed_by_the_next(tmp_path):
+    """Found when two killed replays left 9 GiB each in /dev/shm and the next one was OOM-killed: a RAM folder
+    whose replay is gone is removed; a live replay's, and one without an owner file, are kept."""
+    import os
+    import subprocess
+
+    from kvstream.commands.replay import _remove_stale_emulated_tiers
+
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    for name, pid in (("kvstream-replay-dead", dead.pid), ("kvstream-replay-live", os.getpid())):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "chunk").write_bytes(b"x")
+        (tmp_path / f"{name}.pid").write_text(str(pid))
+    (tmp_path / "kvstream-replay-starting").mkdir()
+    _remove_stale_emulated_tiers(tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["kvstream-replay-live", "kvstream-replay-live.pid",
+                                                          "kvstream-replay-starting"]

@@ -355,6 +355,27 @@ def _run_one(name: str, reqs: list[Any], tiers: list[tuple[str, Path]], args: ar
 
 
 # -- the command ----------------------------------------------------------------------------------------------
+def _remove_stale_emulated_tiers(base: Path) -> None:
+    """Remove the RAM folders of replays that were killed before their clean-up (each holds up to a tier's
+    capacity in RAM: two left behind by killed runs filled /dev/shm and the next replay was OOM-killed). Each
+    folder has a sibling ``<folder>.pid`` naming its replay; the folder is stale when that pid is not running.
+    A folder without one (a replay still starting, or one from before this rule) is left alone."""
+    for owner in base.glob("kvstream-replay-*.pid"):
+        try:
+            pid = int(owner.read_text())
+        except (OSError, ValueError):
+            continue
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            folder = owner.with_suffix("")
+            shutil.rmtree(folder, ignore_errors=True)
+            owner.unlink(missing_ok=True)
+            print(f"replay: removed {folder}, the emulated tier of a replay (pid {pid}) that is gone", file=sys.stderr)
+        except PermissionError:
+            continue  # another user's running process
+
+
 def run_replay(args: argparse.Namespace) -> dict[str, Any]:
     from kvstream.serving.gpu import CostModel, get_gpu, get_model_shape
 
@@ -377,7 +398,9 @@ def run_replay(args: argparse.Namespace) -> dict[str, Any]:
                      "device: reading both at once cannot be faster than reading one.")
         if not args.no_emulate:
             base = Path("/dev/shm") if Path("/dev/shm").is_dir() else Path(tempfile.gettempdir())
+            _remove_stale_emulated_tiers(base)
             shm_dir = Path(tempfile.mkdtemp(prefix="kvstream-replay-", dir=base))
+            shm_dir.with_name(shm_dir.name + ".pid").write_text(str(os.getpid()))
             tiers[1] = (tiers[1][0], shm_dir)
             emulated = True
             notes.append(f"Using an EMULATED shared tier instead: a RAM-backed folder ({shm_dir}) throttled to "
@@ -408,6 +431,7 @@ def run_replay(args: argparse.Namespace) -> dict[str, Any]:
     finally:
         if shm_dir is not None:
             shutil.rmtree(shm_dir, ignore_errors=True)
+            shm_dir.with_name(shm_dir.name + ".pid").unlink(missing_ok=True)
         if ours and not args.keep:
             shutil.rmtree(out / "tiers", ignore_errors=True)
     warning = disk_warning(results, args)
