@@ -18,8 +18,6 @@ events in any order a driver could produce. What must hold:
 
 from __future__ import annotations
 
-import heapq
-
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -28,6 +26,7 @@ from kvstream.compute import (
 )
 from kvstream.read_step import ChunkState, Compute, Deliver, Lost, Open, ReadState, ReadStep, Release, Submit
 from kvstream.routing import FixedSplit, MeetInTheMiddle, SingleTier
+from test_compute_source import run_on_ideal_clock  # the same ideal-clock driver of one step
 
 CHUNK = 8192
 
@@ -192,39 +191,6 @@ def test_every_request_splits_and_every_chunk_has_one_source(load, bandwidth, ro
 
 
 # -- several requests, slow tiers: each gets a split -----------------------------------------------------------
-def _run(step: ReadStep, read_s: float) -> tuple[list[int], float]:
-    """Ideal clock: every tier read takes ``read_s`` (one at a time by the window), each Compute its seconds."""
-    q: list[tuple[float, int, str, int]] = []
-    seq = 0
-
-    def push(t, kind, x):
-        nonlocal seq
-        seq += 1
-        heapq.heappush(q, (t, seq, kind, x))
-
-    def carry(acts, now):
-        for a in acts:
-            if isinstance(a, Open):
-                carry(step.opened(a.read, now, CHUNK), now)
-            elif isinstance(a, Submit):
-                push(now + read_s, "land", a.read)
-            elif isinstance(a, Compute):
-                push(now + a.seconds, "gpu", a.chunk)
-
-    carry(step.start(0.0), 0.0)
-    now = 0.0
-    while q and not step.done:
-        now, _, kind, x = heapq.heappop(q)
-        if kind == "land":
-            carry(step.landed(x, now), now)
-            if step.reads[x].state is ReadState.LANDED:
-                carry(step.checked(x, now, True), now)
-        else:
-            carry(step.computed(x, now), now)
-    assert step.done
-    return step.computed_chunks, now
-
-
 def test_every_request_of_a_load_gets_its_own_split():
     """Three requests of 12 chunks each, one tier reading a chunk in 10 ms, the GPU recomputing one in 2-4.2 ms
     (growing with position): each request's front is recomputed (the cheap early chunks of all three, not just
@@ -244,7 +210,7 @@ def test_every_request_of_a_load_gets_its_own_split():
         assert plan is not None
         step = ReadStep(SingleTier(0).schedule(holders, 1, front=plan.front), [CHUNK] * len(d), [CHUNK],
                         compute=plan)
-        done, end = _run(step, 0.010)
+        done, _, end = run_on_ideal_clock(step, 0.010)
         per_item = leading_computed(items, {d[j] for j in done}, [n] * k)
         return split, per_item, end
 

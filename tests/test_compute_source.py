@@ -207,7 +207,7 @@ TestComputeSource.settings = settings(max_examples=300, stateful_step_count=50, 
 
 
 # -- the meeting, step by step --------------------------------------------------------------------------------
-def _run(step: ReadStep, read_s: float, holders_n: int) -> tuple[list[int], list[int], float]:
+def run_on_ideal_clock(step: ReadStep, read_s: float) -> tuple[list[int], list[int], float]:
     """Drive a step on an ideal clock: every tier read takes ``read_s`` alone (no sharing: one read a tier at a
     time by the window), each Compute its seconds. Returns (computed chunks, read chunks, end time)."""
     import heapq
@@ -257,14 +257,14 @@ def test_slow_tier_compute_takes_the_front_and_they_meet():
     plan = pol.plan(cost, [CHUNK] * n)
     assert plan is not None and 0 < plan.front < n
     step = ReadStep(SingleTier(0).schedule(holders, 1, front=plan.front), [CHUNK] * n, [CHUNK], compute=plan)
-    computed, read, end = _run(step, 0.010, n)
+    computed, read, end = run_on_ideal_clock(step, 0.010)
     assert computed == list(range(len(computed))) and len(computed) >= n // 2
     assert set(read) | set(computed) == set(range(n)) and not set(read) & set(computed)
     assert min(read) == len(computed), "the tier reads from the back, compute from the front: they meet"
     assert end < 0.5 * n * 0.010 and end < sum(cost)
     # the mechanism removed: the same step reads everything
     plain = ReadStep(SingleTier(0).schedule(holders, 1), [CHUNK] * n, [CHUNK])
-    computed0, read0, end0 = _run(plain, 0.010, n)
+    computed0, read0, end0 = run_on_ideal_clock(plain, 0.010)
     assert computed0 == [] and end0 == pytest.approx(n * 0.010) and end < 0.6 * end0
 
 
@@ -279,7 +279,7 @@ def test_fast_tiers_leave_compute_idle():
     forced = ComputePlan(cost_s=cost, bandwidth=(1e9, 1e9), front=0)
     step = ReadStep(MeetInTheMiddle(batch=1).schedule([{0, 1}] * n, 2), [CHUNK] * n, [CHUNK, CHUNK],
                     compute=forced)
-    computed, _, _ = _run(step, 0.00001, n)
+    computed, _, _ = run_on_ideal_clock(step, 0.00001)
     assert computed == [] and step.compute_state is ComputeState.STOPPED
 
 

@@ -36,6 +36,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from kvstream.replication import FullReplication
+
 if TYPE_CHECKING:
     from kvstream.store import Store
 
@@ -217,7 +219,8 @@ def check_replicas(store: "Store", *, repair: bool = False, timeout_s: float = 3
     """What ``kvstream verify --config`` reports: the copies owed and the deficits a scan finds. With ``repair``
     every deficit becomes a debt and the store's own catch-up pays them (the one mechanism that writes owed
     copies), waiting up to ``timeout_s``; the report is then of what is left."""
-    deficits = full_replication_deficits(store) if store.config.replication == "full" else {}
+    full = isinstance(store.replication, FullReplication)  # the parsed policy, not the config's spelling
+    deficits = full_replication_deficits(store) if full else {}
     if repair:
         for tier, keys in deficits.items():
             for k in keys:
@@ -227,7 +230,7 @@ def check_replicas(store: "Store", *, repair: bool = False, timeout_s: float = 3
             store._catch_up.poke()
             time.sleep(0.05)
         store.drain(max(0.0, deadline - time.monotonic()))
-        deficits = full_replication_deficits(store) if store.config.replication == "full" else {}
+        deficits = full_replication_deficits(store) if full else {}
     return ReplicaReport(owed=store.owed.counts(), deficits={t: len(k) for t, k in deficits.items()},
                          repaired=repair)
 

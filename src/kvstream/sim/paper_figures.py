@@ -28,6 +28,7 @@ from kvstream.sim.scenarios import (
     _plt,
     bidaw_systems,
     largest_passing,
+    session_setup,
     kvstream,
     lmcache,
     offline_documents,
@@ -217,11 +218,7 @@ def sc_model_size(out: Path, quick: bool, seed: int) -> ScenarioResult:
 @scenario("burst-mmpp", "K8", "mean TTFT vs LMCache with correlated bursts (MMPP arrivals) instead of a renewal process")
 def sc_burst_mmpp(out: Path, quick: bool, seed: int) -> ScenarioResult:
     # The 'burst' scenario's set-up exactly (same sessions, lengths and rate); only the arrival process changes.
-    n = 300 if quick else 2500
-    hw = Hardware(gpu="h100", model="32b")
-    tiers = testbed_tiers(1)
-    host = (96 if quick else 512) * GB
-    active = 60 if quick else 400
+    n, hw, tiers, host, active = session_setup(quick)
     probe = online_sessions(n, seed=seed, rate=1.0, cv=1.0, active=active)
     cap = _capacity(probe, lmcache(tiers, host), hw, seed)
     # KVStream's own capacity bounds what any arrival process can show: a burst above both capacities queues

@@ -441,13 +441,18 @@ def _capacity(reqs: list[Request], system: SystemConfig, hw: Hardware, seed: int
     return rps
 
 
-@scenario("load", "K7", "mean TTFT vs LMCache at low / mid / high load (code-generation sessions)")
-def sc_load(out: Path, quick: bool, seed: int) -> ScenarioResult:
+def session_setup(quick: bool) -> tuple[int, Hardware, tuple[TierModel, TierModel], float, int]:
+    """The code-generation session set-up that K7 (``load``), K8 (``burst``) and its MMPP variant share:
+    (requests, hardware, testbed 1's tiers, host memory bytes, sessions active at once)."""
     n = 300 if quick else 2500
-    hw = Hardware(gpu="h100", model="32b")
-    tiers = testbed_tiers(1)
     host = (96 if quick else 512) * GB
     active = 60 if quick else 400
+    return n, Hardware(gpu="h100", model="32b"), testbed_tiers(1), host, active
+
+
+@scenario("load", "K7", "mean TTFT vs LMCache at low / mid / high load (code-generation sessions)")
+def sc_load(out: Path, quick: bool, seed: int) -> ScenarioResult:
+    n, hw, tiers, host, active = session_setup(quick)
     probe = online_sessions(n, seed=seed, rate=1.0, cv=2.0, active=active)
     cap = _capacity(probe, lmcache(tiers, host), hw, seed)
     levels = {"low": 0.5, "mid": 0.75, "high": 0.9}
@@ -490,11 +495,7 @@ def sc_load(out: Path, quick: bool, seed: int) -> ScenarioResult:
 
 @scenario("burst", "K8", "mean TTFT vs LMCache as arrivals get burstier (CV of inter-arrival gaps)")
 def sc_burst(out: Path, quick: bool, seed: int) -> ScenarioResult:
-    n = 300 if quick else 2500
-    hw = Hardware(gpu="h100", model="32b")
-    tiers = testbed_tiers(1)
-    host = (96 if quick else 512) * GB
-    active = 60 if quick else 400
+    n, hw, tiers, host, active = session_setup(quick)
     cap = _capacity(online_sessions(n, seed=seed, rate=1.0, cv=1.0, active=active), lmcache(tiers, host), hw, seed)
     cvs = [1.0, 4.0, 8.0] if quick else [1.0, 2.0, 4.0, 6.0, 8.0]
     data: dict[str, Any] = {"lmcache_capacity_rps": cap, "cv": {}}
