@@ -67,6 +67,32 @@ def test_write_backlog_valve_skips_second_copies_and_catch_up_pays_them_from_dis
     assert not st.busy()
 
 
+def test_the_models_read_backs_wait_for_a_load_as_the_stores_do():
+    # The same CatchUpPolicy object's rule: no read-back while a load reads from the tiers. Debts owed while a
+    # long load (60 chunks from tier 0) runs are read back only after it, unless the load outlasts
+    # max_deferred_rounds rounds.
+    ids = list(range(1, 41))
+    loop, st = _store(bws=(0.5e9, 2e9), wbws=(2.5e9, 0.2e9), host_chunks=8, backlog=4 * CHUNK)
+    _write(loop, st, ids)
+    old = list(range(100, 160))
+    st.prewarm(old)
+    for c in ids[:4]:
+        st._owed[1][c] = None  # owed to tier 1 and held by tier 0 only (host memory dropped them long ago)
+        del st.tiers[1].chunks[c]
+    got = []
+    reads_before = st.stats()["catch_up_reads_t0"]
+    start = loop.now
+    st.start_load(0, [(1, tuple(old))], got.append)
+    st._catch_up()
+    loop.run(until=start + 1.0)  # the load (60 x 48 MiB at 0.5 GB/s: ~6 s) is still reading
+    assert not got and st._reading_loads == 1
+    assert st.stats()["catch_up_reads_t0"] == reads_before and st.catch_up.reads_deferred > 0
+    loop.run(until=1e6)
+    assert got and st._reading_loads == 0
+    assert st.stats()["catch_up_reads_t0"] > reads_before  # paid once the load is over (or starving)
+    assert not any(st._owed)
+
+
 def test_without_the_valve_the_slow_tier_pins_host_memory_past_its_size():
     # The model before the valve (and still the default): every second copy queues, its chunk stays pinned, and
     # host memory overflows; the store would have skipped them. The valve keeps host memory within bounds.
@@ -78,7 +104,7 @@ def test_without_the_valve_the_slow_tier_pins_host_memory_past_its_size():
     assert "write_skipped_backlog_t1" not in st.stats()
     loop, st = _store(bws=(2.5e9, 2e9), wbws=(2.5e9, 0.2e9), host_chunks=8, backlog=4 * CHUNK)
     _write(loop, st, ids)
-    # The backlog, and a catch-up pass's copies (up to CATCH_UP_BATCH at once, as the store orders them)
+    # The backlog, and a catch-up pass's copies (up to CatchUpPolicy.batch at once, as the store orders them)
     assert st.host_overflow_max < unbounded / 2
 
 
@@ -138,7 +164,7 @@ def test_tier_model_window_bytes_reach_the_read_steps():
 def _real(**kw):
     real = {
         "system": "kvstream-only",
-        "summary": {"read_time_per_step_s": 0.5, "load_gbps": 2.0, "load_busy_s": 10.0, "load_disk_bytes": 20e9},
+        "summary": {"read_time_per_step_s": 0.5, "ttft_mean_s": 1.0, "load_gbps": 2.0, "load_busy_s": 10.0, "load_disk_bytes": 20e9},
         "steps_read_s": [0.5] * 4, "step_read_bytes": [1e9] * 4, "tier_gbps": {"local": 2.0, "shared": 0.4},
         "verify_s_per_chunk": 0.0025,
         "store_model": {"read_windows": "balanced", "read_window_bytes": [32 * MB, 32 * MB],
@@ -150,6 +176,14 @@ def _real(**kw):
     }
     real.update(kw)
     return real
+
+
+def _replay_inputs(n_requests):
+    """The default replay's requests (the first ``n_requests``), cost model and arguments, as _crosscheck takes them."""
+    reqs = generate(preset("agent-long").replace(n_requests=n_requests), 0)
+    cost = CostModel(get_gpu("a100"), get_model_shape("qwen2.5-14b"), 2)
+    args = argparse.Namespace(memory="2GiB", gpu="a100", model="qwen2.5-14b", tp=2, gpu_kv="2GiB", speed=1.0, seed=0)
+    return reqs, cost, args
 
 
 MEASURED = {"local": {"read_bw": 2.5e9, "write_bw": 1.3e9, "mixed_read_bw": 1.0e9},
@@ -184,9 +218,7 @@ def test_crosscheck_compares_load_speed_and_never_predicts_above_the_bound():
     # Before, the simulator's figure could read as 3.2 GB/s against tiers of 2.44 + 0.39 GB/s: bytes per step
     # counted host-memory hits. The load speed compared now counts disk bytes over the time a load was reading,
     # as the replay's does, so it cannot pass the sum of the tiers' bandwidths.
-    reqs = generate(preset("agent-long").replace(n_requests=24), 0)
-    cost = CostModel(get_gpu("a100"), get_model_shape("qwen2.5-14b"), 2)
-    args = argparse.Namespace(memory="2GiB", gpu="a100", model="qwen2.5-14b", tp=2, gpu_kv="2GiB", speed=1.0, seed=0)
+    reqs, cost, args = _replay_inputs(24)
     loads = [{"s": 0.6, "busy_s": [0.5, 0.55], "bytes": [1.0e9, 0.2e9], "chunks": [20, 4]}]
     cc = _crosscheck(reqs, [_real(load_steps=loads)], args, cost, True, MEASURED)
     assert cc["sim_load_disk_bytes"] > 0 and cc["sim_steps_with_reads"] > 0
@@ -202,11 +234,26 @@ def test_crosscheck_compares_load_speed_and_never_predicts_above_the_bound():
     assert not math.isnan(cc["difference"])
 
 
+def test_crosscheck_also_runs_the_model_with_the_devices_as_the_replay_saw_them():
+    # The replay's local tier gave its loads 1.0 GB/s (1 GB over 1 s in flight) where the probe measured 2.5 alone:
+    # the second model takes each tier's in-run rate, so it reads slower than the predicted one, and both compare
+    # the mean TTFT as well as the read time per step.
+    reqs, cost, args = _replay_inputs(24)
+    loads = [{"s": 1.2, "busy_s": [1.0, 0.5], "bytes": [1.0e9, 0.2e9], "chunks": [20, 4]}]
+    cc = _crosscheck(reqs, [_real(load_steps=loads)], args, cost, True, MEASURED)
+    seen = cc["device_as_seen"]
+    assert seen["read_gbps"] == {"local": pytest.approx(1.0), "shared": pytest.approx(0.4)}
+    assert seen["read_time_per_step_s"] > cc["sim_read_time_per_step_s"] * 1.2
+    assert cc["ttft_difference"] == pytest.approx(cc["sim_ttft_mean_s"] - 1.0)
+    assert seen["ttft_difference"] == pytest.approx(seen["ttft_mean_s"] - 1.0)
+    assert cc["within_10_percent"] == (abs(cc["difference"]) <= 0.1 and abs(cc["ttft_difference"]) <= 0.1)
+    # Without a replay load to take the rates from there is no second model.
+    assert "device_as_seen" not in _crosscheck(reqs, [_real()], args, cost, True, MEASURED)
+
+
 def test_crosscheck_models_the_tiers_capacity():
     # With small tiers the store evicts and later reads miss (recomputed); a model with unlimited tiers read them.
-    reqs = generate(preset("agent-long").replace(n_requests=32), 0)
-    cost = CostModel(get_gpu("a100"), get_model_shape("qwen2.5-14b"), 2)
-    args = argparse.Namespace(memory="2GiB", gpu="a100", model="qwen2.5-14b", tp=2, gpu_kv="2GiB", speed=1.0, seed=0)
+    reqs, cost, args = _replay_inputs(32)
     small = _real()
     small["store_model"] = {**small["store_model"], "capacity_bytes": [1 << 30, 1 << 30]}
     big = _crosscheck(reqs, [_real()], args, cost, True, MEASURED)

@@ -93,3 +93,39 @@ def test_the_journal_is_never_trusted(tmp_path):
     assert owed.counts() == {"local": 0, "shared": 1} and owed.owes("shared", good)
     owed.close()
     assert (folder / "n1.log").read_bytes() == b"+shared " + good.hex().encode() + b"\n"  # compacted at open
+
+
+def test_a_read_back_waits_while_a_serving_read_step_is_in_flight(disk_tmp):
+    # An owed copy whose chunk left host memory must be read back from the other tier; doing that during a
+    # serving load takes the tier's bandwidth from the critical path, so it waits for the step to end, and under
+    # steps that never pause it goes on after max_deferred_rounds rounds.
+    data = chunks(6)
+    with kvstream.open_store(config(disk_tmp)) as s:
+        s._catch_up.stop()  # its thread ends; rounds run by hand below
+        s._catch_up._stop.clear()
+        for k, v in data.items():
+            s.put(k, v, tiers=["local"])
+        s.flush()
+        assert s.drain(10)
+        s.evict_memory()
+        owed = list(data)[:2]
+        for k in owed:
+            s.owed.owe("shared", k)
+        serving = s.read_chunks(list(data)[2:])
+        first = next(serving)  # a serving step is in flight until the generator ends
+        assert s._reader.active_steps == 1
+        cu = s._catch_up
+        assert cu.round() == 0 and cu.reads == 0 and cu.reads_deferred == 2
+        assert s.stats().tiers["shared"].replicas_owed == 2
+        cu.policy.deferred_rounds = cu.policy.max_deferred_rounds  # starving: it reads anyway
+        assert cu.round() == 2 and cu.reads == 2
+        assert s._reader.active_steps == 1  # its own read-backs are not serving steps
+        rest = list(serving)
+        assert len(rest) == 3 and first[1] is not None
+        assert s._reader.active_steps == 0
+        assert s.drain(10)
+        assert s.stats().tiers["shared"].replicas_owed == 0
+        s.owed.owe("shared", list(data)[3])
+        s.evict_memory()
+        assert cu.round() == 1 and cu.reads == 3  # no step in flight: read back at once
+        assert s.stats().catch_up_reads_deferred == 2

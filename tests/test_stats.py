@@ -92,6 +92,33 @@ def test_write_latency_per_tier_from_hand_over_to_publish(disk_tmp: Path) -> Non
         assert (t.write_latency_p50_s, t.write_latency_p99_s) == percentiles(lat)
 
 
+def test_write_busy_time_covers_each_tiers_unfinished_copies(disk_tmp: Path) -> None:
+    # Busy from the first copy handed to a tier's writer until its last one is finished, summed over idle gaps:
+    # positive, never more than the time the writes took, and the bytes over it give write_gbps.
+    import time
+
+    with kvstream.open_store(_cfg(disk_tmp)) as s:
+        assert s.stats().tiers["local"].write_busy_s == 0.0 and s.stats().tiers["local"].write_gbps == 0.0
+        t0 = time.perf_counter()
+        for i in range(8):
+            s.put(bytes([i + 1]) * 16, bytes([i]) * 200000)
+        s.flush()
+        assert s.drain(10)
+        first = time.perf_counter() - t0
+        mid = s.stats()
+        time.sleep(0.3)  # idle: not counted
+        s.put(b"y" * 16, b"y" * 200000)
+        s.flush()
+        assert s.drain(10)
+        st = s.stats()
+        wall = time.perf_counter() - t0
+    for name in ("local", "shared"):
+        m, t = mid.tiers[name], st.tiers[name]
+        assert 0 < m.write_busy_s <= first
+        assert m.write_busy_s < t.write_busy_s <= wall - 0.3
+        assert t.write_gbps == pytest.approx(t.write_bytes / t.write_busy_s / 1e9)
+
+
 def test_percentiles() -> None:
     assert percentiles([]) == (None, None)
     assert percentiles([3.0]) == (3.0, 3.0)

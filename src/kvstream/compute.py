@@ -40,6 +40,10 @@ the batch has no room for it). After the step, :func:`leading_computed` gives ea
 recomputed run (what ``LoadDone.computed`` reports). Replay's store cannot reorder its step, so it hands the
 store its keys in :func:`compute_order_hint`'s order and splits with ``reorder=False``.
 
+Where load and recompute cannot overlap (LMCache: a storage backend only says how long a prefix it holds, that
+prefix is loaded, and vLLM's prefill then computes every token after it), the only split left is a shorter hit:
+:func:`loaded_prefix` picks how many held leading chunks to load, the GPU recomputing the rest after them.
+
 Invariant: a plan never asks for more than the chain, and ``front`` is inside it (0 <= front <= len(cost_s)).
 """
 
@@ -56,7 +60,7 @@ from kvstream.read_step import ComputePlan
 H = TypeVar("H", bound=Hashable)
 
 __all__ = ["ComputePolicy", "best_split", "gpu_share", "item_chains", "merge_chains", "split_load", "LoadSplit",
-           "leading_computed", "compute_order_hint"]
+           "leading_computed", "compute_order_hint", "loaded_prefix"]
 
 
 def _common(a: Sequence[Hashable], b: Sequence[Hashable]) -> int:
@@ -237,6 +241,32 @@ def best_split(cost_s: Sequence[float], rest_bytes: Sequence[int], bandwidth: fl
         if c > best_t:  # compute time only grows from here
             break
     return best_m
+
+
+def loaded_prefix(load_s: Sequence[float], cost_s: Sequence[float]) -> int:
+    """How many of ``n`` held leading chunks to load when loading and recomputing run one after the other (the
+    rest, ``[k, n)``, left to the GPU's prefill). ``load_s[j]``: seconds to load chunk ``j`` (0 for a host-memory
+    hit; ``inf`` for a tier that delivers nothing); ``cost_s[j]``: GPU seconds to recompute it at its position
+    (growing with ``j``: attention reads every token before it).
+
+    Invariant: returns the ``k`` in ``[0, n]`` that minimizes ``sum(load_s[:k]) + sum(cost_s[k:])``, the largest
+    such ``k`` on a tie (less GPU work); so ``k == n`` whenever every ``load_s[j] <= cost_s[j]``, and ``k`` never
+    grows when a load time does.
+
+    Why the answer is in between only when load times differ per chunk: going from ``k`` to ``k + 1`` changes
+    the total by ``load_s[k] - cost_s[k]``. With one load time for every chunk and costs growing with position
+    these steps only fall, so the total is concave in ``k`` and its minimum is at an end: all or nothing. With a
+    fast front (host memory, a local disk) and a tail only a slow tier holds (a stalled or slow shared file
+    system), the steps are negative over the front and positive over the tail: load the front, recompute the
+    tail. O(n), one pass."""
+    if len(load_s) != len(cost_s):
+        raise ValueError(f"loaded_prefix: {len(load_s)} load times but {len(cost_s)} costs")
+    best_k, best, total = 0, 0.0, 0.0  # total: the change from k = 0 (recompute everything) to k
+    for j, (load, cost) in enumerate(zip(load_s, cost_s)):
+        total += load - cost
+        if total <= best:
+            best_k, best = j + 1, total
+    return best_k
 
 
 def gpu_share(running: int, max_running: int, blocking: bool, busy: float = 0.0) -> float:

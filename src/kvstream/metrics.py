@@ -36,6 +36,8 @@ _TIER_SERIES = {
     "corrupt_chunks": ("tier_corrupt_chunks", "Chunks that failed verification and were quarantined", "counter"),
     "missing_files": ("tier_missing_files", "Indexed chunks whose file was gone", "counter"),
     "write_bytes": ("tier_write_bytes", "Bytes written to the tier", "counter"),
+    "write_busy_s": ("tier_write_busy_seconds", "Seconds the tier had copies handed to its writer and not finished",
+                     "counter"),
     "write_chunks": ("tier_write_chunks", "Chunks published on the tier", "counter"),
     "write_errors": ("tier_write_errors", "Writes that failed", "counter"),
     "write_skipped_full": ("tier_write_skipped_full", "Copies skipped because the tier was full", "counter"),
@@ -72,6 +74,10 @@ _STORE_SERIES = {
     "hedged_reads": ("hedged_reads", "Reads re-issued on another tier after a deadline", "counter"),
     "stalled_reads": ("stalled_reads", "Reads still in flight past the hedge deadline when the next step began", "counter"),
     "write_amplification": ("write_amplification", "Bytes written to all tiers / bytes put", "gauge"),
+    "catch_up_copies": ("catch_up_copies", "Owed replicas the catch-up started writing", "counter"),
+    "catch_up_reads": ("catch_up_reads", "Owed replicas read back from another tier before their copy", "counter"),
+    "catch_up_reads_deferred": ("catch_up_reads_deferred",
+                                "Catch-up read-backs put off because a serving read step was in flight", "counter"),
 }
 
 # MemoryStats field -> (metric suffix, help, kind)

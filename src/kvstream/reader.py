@@ -141,6 +141,13 @@ class Reader:
         # no step ever waited on it (windows and stealing hide a stall from the step itself).
         self._stragglers: list[dict[int, list[Any]]] = [{} for _ in store.tiers]
         self._straggler_lock = threading.Lock()
+        self._active = 0  # steps begun and not ended, background ones (the catch-up's read-backs) excluded
+        self._active_lock = threading.Lock()
+
+    @property
+    def active_steps(self) -> int:
+        """Serving read steps in flight now (background work waits while this is above zero)."""
+        return self._active
 
     def close(self) -> None:
         for ex in self._openers:  # a stuck open must not hold close(): its thread ends when the open does
@@ -151,13 +158,14 @@ class Reader:
             targets: list[CallerBuffer] | None = None, on_target_free: Callable[[int], None] | None = None,
             metas: Sequence[AccessMeta | None] | None = None,
             on_end: Callable[[ReadStep], None] | None = None,
-            compute: ComputePlan | None = None) -> Iterator[ReadOutcome]:
+            compute: ComputePlan | None = None, background: bool = False) -> Iterator[ReadOutcome]:
         """Read ``keys`` (each held by the tiers in ``holders``). Yields one :class:`ReadOutcome` per chunk,
         delivered ones as they land and lost ones last. ``mode``: ``chunks`` (payloads pinned in host memory),
         ``into`` (into ``targets``), ``headers`` (4 KiB headers only). ``on_end(step)`` runs once the step is over
         (not when the caller stops early), with the step's per-tier bytes and busy time. ``compute``: the GPU
         recomputes the step's front meanwhile (:mod:`kvstream.compute`); each :class:`Compute` waits its
-        modelled seconds on a timer (replay's modelled GPU) and yields a ``computed`` outcome."""
+        modelled seconds on a timer (replay's modelled GPU) and yields a ``computed`` outcome. ``background``:
+        the step is the store's own work (not counted in :attr:`active_steps`)."""
         store = self.store
         n_t = len(store.tiers)
         sizes = []
@@ -189,6 +197,9 @@ class Reader:
             call.removal_seq = store.removals.now()
         if hedge:
             self._count_stragglers(hedge)
+        if not background:
+            with self._active_lock:
+                self._active += 1
         try:
             with call.mu:
                 acts = step.start(time.monotonic())
@@ -227,6 +238,9 @@ class Reader:
                     acts = step.checked(tag.rid, time.monotonic(), ok)
                 yield from self._carry_out(call, acts)
         finally:
+            if not background:
+                with self._active_lock:
+                    self._active -= 1
             self._end(call)
         if on_end is not None:
             on_end(step)

@@ -33,6 +33,7 @@ import threading
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
+from enum import Enum
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -41,7 +42,8 @@ from kvstream.replication import FullReplication
 if TYPE_CHECKING:
     from kvstream.store import Store
 
-__all__ = ["OwedReplicas", "CatchUp", "full_replication_deficits", "ReplicaReport", "check_replicas"]
+__all__ = ["OwedReplicas", "CatchUp", "CatchUpPolicy", "DebtAction", "full_replication_deficits", "ReplicaReport",
+           "check_replicas"]
 
 log = logging.getLogger("kvstream.store")
 
@@ -235,17 +237,71 @@ def check_replicas(store: "Store", *, repair: bool = False, timeout_s: float = 3
                          repaired=repair)
 
 
-class CatchUp:
-    """Pays owed replicas back in the background (see the module docstring). One daemon thread per store."""
+class DebtAction(Enum):
+    """What a catch-up round does with one debt."""
+
+    PAID = "paid"  # the tier holds the chunk already: the debt ends
+    DROP = "drop"  # the chunk is nowhere else (evicted by policy everywhere): nothing to copy, the debt ends
+    COPY = "copy"  # in host memory: order the copy
+    READ_BACK = "read-back"  # read it from a holder tier into host memory, then order the copy
+    DEFER = "defer"  # a read-back while a serving read step is in flight: the next round
+
+
+class CatchUpPolicy:
+    """The catch-up's rules, sans-I/O: the store's :class:`CatchUp` thread and the simulator's model
+    (``kvstream.sim.storage``) drive one each, so the simulator pays debts as the store does.
+
+    A round looks every ``interval_s``; per tier that is usable and whose write backlog is below half its limit
+    (:meth:`tier_ready`) it takes up to ``batch`` of the oldest debts and asks :meth:`decide` for each. A
+    read-back (the chunk left host memory) waits while a serving read step is in flight: it would take the
+    holder tier's bandwidth from a load on the critical path. Under reads that never pause it goes on anyway
+    once ``max_deferred_rounds`` rounds in a row deferred one (5 s), so debts cannot starve. State: the count of
+    rounds in a row that deferred (:meth:`end_round`)."""
 
     interval_s = 0.25
     batch = 16  # chunks per tier per round: catch-up must not crowd the serving path's reads and writes
+    max_deferred_rounds = 20
+
+    def __init__(self) -> None:
+        self.deferred_rounds = 0
+        self.reads_deferred = 0
+        self._deferred_now = False
+
+    @staticmethod
+    def tier_ready(usable: bool, backlog: int, limit: int | None) -> bool:
+        """Whether a round pays this tier's debts now."""
+        return usable and (limit is None or backlog < limit // 2)
+
+    def decide(self, *, on_tier: bool, in_memory: bool, has_holder: bool, serving: bool) -> DebtAction:
+        """One debt: ``on_tier`` (the owed tier holds it now), ``in_memory`` (host memory holds it),
+        ``has_holder`` (another tier holds it), ``serving`` (a serving read step is in flight)."""
+        if on_tier:
+            return DebtAction.PAID
+        if in_memory:
+            return DebtAction.COPY
+        if not has_holder:
+            return DebtAction.DROP
+        if serving and self.deferred_rounds < self.max_deferred_rounds:
+            self.reads_deferred += 1
+            self._deferred_now = True
+            return DebtAction.DEFER
+        return DebtAction.READ_BACK
+
+    def end_round(self) -> None:
+        self.deferred_rounds = self.deferred_rounds + 1 if self._deferred_now else 0
+        self._deferred_now = False
+
+
+class CatchUp:
+    """Pays owed replicas back in the background (see the module docstring), by :class:`CatchUpPolicy`'s rules.
+    One daemon thread per store."""
 
     def __init__(self, store: "Store", owed: OwedReplicas) -> None:
         self.store = store
         self.owed = owed
         self.copies_started = 0
         self.reads = 0
+        self.policy = CatchUpPolicy()
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="kvs-catch-up", daemon=True)
@@ -262,7 +318,7 @@ class CatchUp:
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            self._wake.wait(self.interval_s)
+            self._wake.wait(self.policy.interval_s)
             self._wake.clear()
             if self._stop.is_set():
                 return
@@ -271,32 +327,43 @@ class CatchUp:
             except Exception:  # noqa: BLE001 — the thread must outlive one bad round; the debts stay owed
                 log.exception("owed replicas: catch-up round failed")
 
+    @property
+    def reads_deferred(self) -> int:
+        """Read-backs put off because a serving read step was in flight."""
+        return self.policy.reads_deferred
+
     def round(self) -> int:
         """One pass over every tier's debts; returns the copies handed to the writer."""
         store = self.store
         writer = store._writer
+        policy = self.policy
         started = 0
-        for t in store.tiers:
-            if not self.owed.counts()[t.name]:
-                continue
-            if not store._usable(t.position) or writer.backlog(t.position) >= writer.backlog_limit(t.position) // 2:
-                continue
-            for key in self.owed.oldest(t.name, self.batch):
-                if store._closed or self._stop.is_set():
-                    return started
-                if t.contains(key):
-                    self.owed.paid(t.name, key)
+        try:
+            for t in store.tiers:
+                if not self.owed.counts()[t.name]:
                     continue
-                if not self._in_memory(key):
-                    holders = [o for o in store.tiers if o is not t and o.contains(key)]
-                    if not holders:
-                        self.owed.paid(t.name, key)  # evicted everywhere by policy: nothing to copy
+                if not policy.tier_ready(store._usable(t.position), writer.backlog(t.position),
+                                         writer.backlog_limit(t.position)):
+                    continue
+                for key in self.owed.oldest(t.name, policy.batch):
+                    if store._closed or self._stop.is_set():
+                        return started
+                    act = policy.decide(on_tier=t.contains(key), in_memory=self._in_memory(key),
+                                        has_holder=any(o is not t and o.contains(key) for o in store.tiers),
+                                        serving=store._reader.active_steps > 0)
+                    if act in (DebtAction.PAID, DebtAction.DROP):
+                        self.owed.paid(t.name, key)
                         continue
-                    self.reads += 1
-                    for _i, _chunk in store.read_chunks([key]):  # lands in host memory (or is a miss)
-                        pass
-                if store._writer.order_copy(key, t.position):
-                    started += 1
+                    if act is DebtAction.DEFER:
+                        continue
+                    if act is DebtAction.READ_BACK:
+                        self.reads += 1
+                        for _i, _chunk in store.read_chunks([key], background=True):  # lands in host memory
+                            pass
+                    if store._writer.order_copy(key, t.position):
+                        started += 1
+        finally:
+            policy.end_round()
         if started:
             store.flush()
             self.copies_started += started

@@ -53,6 +53,8 @@ class TierStats:
     corrupt_chunks: int  # chunks that failed verification and were quarantined
     missing_files: int  # indexed chunks whose file was gone
     write_bytes: int  # bytes of chunk files published
+    write_busy_s: float  # seconds with at least one copy handed to the tier's writer and not finished
+    write_gbps: float  # write_bytes / write_busy_s, GB/s (0.0 before the first write finished)
     write_chunks: int  # chunk files published
     write_errors: int  # copies that failed to write
     write_skipped_full: int  # copies not written: the tier was full even after eviction
@@ -125,6 +127,7 @@ class StoreStats:
     write_amplification: float  # bytes written to all tiers / put_file_bytes (0.0 before the first put)
     catch_up_copies: int  # owed replicas the catch-up has started writing
     catch_up_reads: int  # owed replicas it had to read back from another tier first
+    catch_up_reads_deferred: int  # read-backs put off because a serving read step was in flight
     memory: MemoryStats
     tiers: Mapping[str, TierStats]  # read-only
 

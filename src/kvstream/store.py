@@ -1,7 +1,8 @@
 """The engine: a host-memory tier over replicated directory tiers, read meet-in-the-middle, written deferred.
 
 Public API (stable): :func:`open_store`, and on :class:`Store`: ``put``, ``flush``, ``contains``, ``lookup``,
-``get_many``, ``read_iter``, ``read_chunks``, ``stats`` (a :class:`kvstream.stats.StoreStats`), ``observe_writes``,
+``locate_prefix`` and ``read_bandwidth`` (where a held prefix is, what each tier reads at), ``get_many``,
+``read_iter``, ``read_chunks``, ``stats`` (a :class:`kvstream.stats.StoreStats`), ``observe_writes``,
 ``drain``, ``close`` (and ``with``).
 
 Read path (``read_chunks``, ``read_into``, ``get_meta``): memory hits are pinned when the step is planned (a
@@ -63,7 +64,8 @@ from kvstream.tiers.files import DirectoryTier
 from kvstream.tiers.lease import node_uid_for
 from kvstream.tiers.memory import HostMemoryTier, MemEntry
 
-__all__ = ["Store", "Chunk", "CloseReport", "ComputeRequest", "RECOMPUTED", "ReadIntoResult", "open_store"]
+__all__ = ["Store", "Chunk", "ChunkPlace", "CloseReport", "ComputeRequest", "RECOMPUTED", "ReadIntoResult",
+           "open_store"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,6 +87,18 @@ class CloseReport:
 
     def __bool__(self) -> bool:
         return self.drained and not self.stuck_tiers and not self.errors
+
+
+@dataclass(frozen=True, slots=True)
+class ChunkPlace:
+    """Where a held chunk is (:meth:`Store.locate_prefix`): in host memory (``memory``), or else on the usable
+    tiers ``tiers`` (positions, in tier order), whose copies are ``file_bytes`` long (header and payload: what a
+    read moves; 0 if the index no longer knows)."""
+
+    memory: bool
+    tiers: tuple[int, ...] = ()
+    file_bytes: int = 0
+
 
 log = logging.getLogger("kvstream.store")
 
@@ -275,17 +289,22 @@ class Store:
     def _holders(self, key: bytes, now: float) -> list[int]:
         return [t.position for t in self.tiers if t.contains(key) and self._usable(t.position, now)]
 
+    def _holders_refreshed(self, key: bytes, now: float) -> list[int]:
+        """:meth:`_holders`, looking again after a refresh of the tiers' indexes when none holds the key (another
+        node may have published it since)."""
+        hs = self._holders(key, now)
+        if not hs:
+            for t in self.tiers:
+                t.maybe_refresh()
+            hs = self._holders(key, now)
+        return hs
+
     def contains(self, key: bytes) -> bool:
         """True if the chunk is in host memory or on a usable tier."""
         self._check_open()
         if key in self.memory:
             return True
-        now = time.monotonic()
-        if self._holders(key, now):
-            return True
-        for t in self.tiers:
-            t.maybe_refresh()
-        return bool(self._holders(key, now))
+        return bool(self._holders_refreshed(key, time.monotonic()))
 
     def lookup(self, keys: Sequence[bytes]) -> int:
         """Length of the prefix of ``keys`` the store holds (memory or disk)."""
@@ -295,6 +314,31 @@ class Store:
                 break
             n += 1
         return n
+
+    def locate_prefix(self, keys: Sequence[bytes]) -> list[ChunkPlace]:
+        """The leading held prefix of ``keys`` (as :meth:`lookup` counts it: ``len`` of the answer is
+        ``lookup(keys)``) and where each of its chunks is: host memory, or the usable tiers that hold it.
+        Answered from host memory and the tiers' indexes: no I/O (a folder a miss sends us to re-scan aside, as
+        in :meth:`contains`). A snapshot: a chunk may be evicted or read into memory right after."""
+        self._check_open()
+        out: list[ChunkPlace] = []
+        now = time.monotonic()
+        for key in keys:
+            if key in self.memory:
+                out.append(ChunkPlace(memory=True))
+                continue
+            hs = self._holders_refreshed(key, now)
+            if not hs:
+                break
+            sizes = [self.tiers[t].file_size(key) or 0 for t in hs]
+            out.append(ChunkPlace(memory=False, tiers=tuple(hs), file_bytes=max(sizes)))
+        return out
+
+    def read_bandwidth(self, tier: int) -> float | None:
+        """Tier ``tier``'s (a position) read bandwidth estimate in bytes per busy second: the read-window
+        policy's running mean of what its reads delivered (0.0: a tier busy for a step without landing
+        anything). None while it is not measured, or where the policy keeps none (``read_windows: fixed``)."""
+        return self.read_windows.bandwidth_estimate(tier)
 
     # -- writes ---------------------------------------------------------------------------------------------
     def put(self, key: bytes, payload: Any, *, meta: ChunkMeta | None = None, position: int | None = None,
@@ -391,8 +435,8 @@ class Store:
             yield i, (chunk.payload if chunk is not None else None)
 
     def read_chunks(self, keys: Sequence[bytes], *, metas: Sequence[AccessMeta | None] | None = None,
-                    compute: Callable[[list[bytes], list[list[int]]], ComputeRequest | None] | None = None
-                    ) -> Iterator[tuple[int, Chunk | None]]:
+                    compute: Callable[[list[bytes], list[list[int]]], ComputeRequest | None] | None = None,
+                    background: bool = False) -> Iterator[tuple[int, Chunk | None]]:
         """Like :meth:`read_iter`, with each chunk's header metadata and source. Every index is yielded once.
 
         A payload is a read-only view that pins its buffer: it stays valid and unchanged for as long as the
@@ -401,7 +445,10 @@ class Store:
         ``compute`` (a serving engine with a GPU, :mod:`kvstream.compute`): called once with the chunks the step
         must read from disk and their holders, it returns a :class:`ComputeRequest`: chunks to leave to the GPU
         (not read; yielded as ``None``) and the front of the step the GPU recomputes while the tiers read the back.
-        A chunk the GPU recomputed is yielded as :data:`RECOMPUTED` (no payload)."""
+        A chunk the GPU recomputed is yielded as :data:`RECOMPUTED` (no payload).
+
+        ``background``: the read is the store's own work (the catch-up of owed replicas), not a serving read:
+        it is not counted among the steps background work yields to (:attr:`Reader.active_steps`)."""
         self._check_open()
         t_start = time.perf_counter()
         hits, disk_idx, holders, misses = self._plan_read(keys, metas)
@@ -426,7 +473,7 @@ class Store:
         if disk_idx:
             for out in self._reader.run(disk_keys, holders, "chunks",
                                         metas=[metas[i] for i in disk_idx] if metas else None, on_end=on_end,
-                                        compute=req.plan if req is not None else None):
+                                        compute=req.plan if req is not None else None, background=background):
                 i = disk_idx[out.j]
                 if out.kind == "delivered":
                     assert out.header is not None and out.payload is not None
@@ -458,11 +505,7 @@ class Store:
                 self._c["memory_hits"] += 1
                 hits.append((i, got[0], got[1]))
                 continue
-            hs = self._holders(key, now)
-            if not hs:
-                for t in self.tiers:
-                    t.maybe_refresh()
-                hs = self._holders(key, now)
+            hs = self._holders_refreshed(key, now)
             if hs:
                 disk_idx.append(i)
                 holders.append(hs)
@@ -673,7 +716,9 @@ class Store:
                 read_gbps_estimate=bw / 1e9 if bw else None,
                 read_gbps=c.read_bytes / c.read_busy_s / 1e9 if c.read_busy_s else 0.0,
                 duplicate_chunks=c.duplicate_chunks, read_errors=c.read_errors, corrupt_chunks=c.corrupt_chunks,
-                missing_files=c.missing_files, write_bytes=c.write_bytes, write_chunks=c.write_chunks,
+                missing_files=c.missing_files, write_bytes=c.write_bytes, write_busy_s=c.write_busy_s,
+                write_gbps=c.write_bytes / c.write_busy_s / 1e9 if c.write_busy_s else 0.0,
+                write_chunks=c.write_chunks,
                 write_errors=c.write_errors, write_skipped_full=c.write_skipped_full,
                 write_skipped_unhealthy=c.write_skipped_unhealthy, write_skipped_backlog=c.write_skipped_backlog,
                 write_backlog_bytes=self._writer.backlog(t.position), already_present=c.already_present,
@@ -701,6 +746,7 @@ class Store:
             read_into_copied=n("read_into_copied"), read_into_abandoned=n("read_into_abandoned"),
             write_amplification=written / counts["put_file_bytes"] if counts["put_file_bytes"] else 0.0,
             catch_up_copies=self._catch_up.copies_started, catch_up_reads=self._catch_up.reads,
+            catch_up_reads_deferred=self._catch_up.reads_deferred,
             memory=MemoryStats(capacity_bytes=mem.capacity_bytes, used_bytes=mem.used_bytes(), chunks=len(mem),
                                hits=mem.hits, evictions=mem.evictions, overflow_buffers=mem.overflow_buffers,
                                buffer_allocations=mem.pool.allocations, buffer_reuses=mem.pool.reuses),

@@ -77,6 +77,7 @@ class Writer:
         self._pending: list[_PendingWrite] = []  # guarded by store._lock
         self._writes_inflight = 0
         self._write_backlog = [0] * n  # bytes handed to each tier's writer and not finished
+        self._write_busy_since: list[float | None] = [None] * n  # when the tier's backlog last left zero
         self._copying: set[tuple[int, bytes]] = set()  # (tier, key) of copies handed over and not finished
         self._backlog_limit = [t.cfg.write_backlog_bytes if t.cfg.write_backlog_bytes is not None
                                else store.config.memory_bytes // 2 for t in store.tiers]
@@ -205,6 +206,8 @@ class Writer:
         self.store.memory.mark_dirty(entry)
         with self._writes_cv:
             self._writes_inflight += 1
+            if self._write_busy_since[tier.position] is None:
+                self._write_busy_since[tier.position] = time.perf_counter()
             self._write_backlog[tier.position] += fsize
             self._copying.add((tier.position, entry.key))
         try:
@@ -247,6 +250,10 @@ class Writer:
         with self._writes_cv:
             self._writes_inflight -= 1
             self._write_backlog[tier.position] -= fsize
+            since = self._write_busy_since[tier.position]
+            if self._write_backlog[tier.position] == 0 and since is not None:
+                tier.counters.write_busy_s += time.perf_counter() - since
+                self._write_busy_since[tier.position] = None
             self._copying.discard((tier.position, entry.key))
             self._writes_cv.notify_all()
 

@@ -337,7 +337,8 @@ def _run_one(name: str, reqs: list[Any], tiers: list[tuple[str, Path]], args: ar
                                                                           if not math.isnan(r.first_token)),
         "tier_series": core.metrics.tier_series, "lag_s": drv.lag_s,
         "tier_gbps": {k: v.read_gbps for k, v in stats.tiers.items()},
-        "tier_stats": {k: {kk: getattr(v, kk) for kk in ("read_bytes", "read_busy_s", "write_bytes", "direct_io",
+        "tier_stats": {k: {kk: getattr(v, kk) for kk in ("read_bytes", "read_busy_s", "write_bytes", "write_busy_s",
+                                                         "write_gbps", "direct_io",
                                                   "read_latency_p50_s", "read_latency_p99_s",
                                                   "write_latency_p50_s", "write_latency_p99_s",
                                                   "read_chunks", "duplicate_chunks", "write_skipped_backlog")}
@@ -608,64 +609,115 @@ def read_breakdown(loads: list[dict[str, Any]], names: list[str], alone: dict[st
     return {"loads": len(loads), "load_s": load_s, "tiers": tiers, "check_s": chunks * check_s_per_chunk}
 
 
-def _crosscheck(reqs: list[Any], results: list[dict[str, Any]], args: argparse.Namespace, cost: Any,
-                emulated: bool, measured: dict[str, dict[str, float]]) -> dict[str, Any]:
-    """Simulate kvstream-only on the same workload with each tier's bandwidth measured through the store
-    (alone, by :func:`_measure_tiers`, before the systems ran) and the store's read and write rules
-    (:func:`crosscheck_system`), and compare: the read time per step (the issue's figure), and, since the two
-    runs may read different steps, the load speed (disk bytes of the loads over the time a load was reading, the
-    same definition on both sides). Where the replay's time went: :func:`real_read_breakdown`."""
+def _sim_run(reqs: list[Any], real: dict[str, Any], args: argparse.Namespace, measured: dict[str, dict[str, float]],
+             chunk: int) -> dict[str, Any]:
+    """One simulated ``kvstream-only`` run of the replay's requests with ``measured`` tier bandwidths and the store's
+    rules as the replay ran them: its read time per step, mean TTFT, load speed and per-load tier log."""
     from kvstream.config import parse_size
     from kvstream.serving.storebackend import LoadRecord, disk_load_gbps
     from kvstream.sim.driver import Hardware, simulate
 
-    real = next((r for r in results if r["system"] == "kvstream-only"), None)
-    if real is None:
-        return {"error": "the crosscheck needs kvstream-only among --systems"}
     sysc = crosscheck_system(measured, real, parse_size(args.memory, "--memory"))
     hw = Hardware(gpu=args.gpu, model=args.model, tp=args.tp, hbm_kv_bytes=parse_size(args.gpu_kv, "--gpu-kv"))
     scaled = [dataclasses.replace(r, arrival=r.arrival / args.speed) for r in reqs]
     sim = simulate([scaled], sysc, hw, seed=args.seed)
-    real_rt = real["summary"]["read_time_per_step_s"]
-    sim_rt = sim.summary["read_time_per_step_s"]
-    sim_steps = [st for st in sim.nodes[0].steps if st.load_s > 0]
-    real_steps = real["steps_read_s"]
-    sim_gbps, sim_busy, sim_bytes = disk_load_gbps(
-        [LoadRecord(start=a, end=a + d, disk_bytes=u, memory_bytes=0, background=False)
-         for a, d, _b, u, _t in (sim.read_logs[0] if sim.read_logs else [])])
-    real_gbps = real["summary"].get("load_gbps", 0.0)
-    st = sim.nodes[0].storage
+    logs = sim.read_logs[0] if sim.read_logs else []
+    gbps, busy, nbytes = disk_load_gbps([LoadRecord(start=a, end=a + d, disk_bytes=u, memory_bytes=0, background=False)
+                                         for a, d, _b, u, _t in logs])
+    steps = [st for st in sim.nodes[0].steps if st.load_s > 0]
+    loads = [{"s": d, "busy_s": list(b), "bytes": list(tb), "chunks": [x // chunk for x in tb]}
+             for (_a, d, _b, _u, tb), b in zip(logs, sim.busy_logs[0] if sim.busy_logs else [])]
+    return {"sysc": sysc, "read_time_per_step_s": sim.summary["read_time_per_step_s"],
+            "ttft_mean_s": sim.summary["ttft_mean_s"], "steps": steps, "load_gbps": gbps, "load_s": busy,
+            "load_disk_bytes": nbytes, "loads": loads, "storage": sim.nodes[0].storage}
+
+
+def _rel(sim: float, real: float) -> float:
+    return (sim - real) / real if real else math.nan
+
+
+def _within(sim: dict[str, Any], real_rt: float, real_ttft: float) -> bool:
+    """The issue's criterion: the read time per step and the mean TTFT both within 10 % of the replay's."""
+    return (real_rt > 0 and real_ttft > 0 and abs(sim["read_time_per_step_s"] - real_rt) <= 0.10 * real_rt
+            and abs(sim["ttft_mean_s"] - real_ttft) <= 0.10 * real_ttft)
+
+
+def _crosscheck(reqs: list[Any], results: list[dict[str, Any]], args: argparse.Namespace, cost: Any,
+                emulated: bool, measured: dict[str, dict[str, float]]) -> dict[str, Any]:
+    """Simulate kvstream-only on the same workload with the store's read and write rules
+    (:func:`crosscheck_system`) and compare the read time per step and the mean TTFT (the issue's figures), and,
+    since the two runs may read different steps, the load speed (disk bytes of the loads over the time a load was
+    reading, the same definition on both sides). Where the replay's time went: :func:`read_breakdown`.
+
+    Two models run. *Predicted*: each tier's bandwidth as measured through the store alone (and while writing) by
+    :func:`_measure_tiers`, before the systems ran: the simulator as a user would run it. *Device as the replay saw
+    it*: each tier's read bandwidth set to what the replay's own loads got from it (bytes over the time the tier
+    had a read in flight during loads), which takes the device's in-run speed out of the comparison and leaves the
+    mechanisms (which steps read, the tier split, windows, checks, the backlog valve, the scheduler's queueing):
+    the local disk of this VM is slower during the replay than in the probe by a varying amount the model cannot
+    know of (BENCHMARKS §3.2)."""
+    real = next((r for r in results if r["system"] == "kvstream-only"), None)
+    if real is None:
+        return {"error": "the crosscheck needs kvstream-only among --systems"}
+    chunk = cost.model.chunk_bytes()
     names = list(measured)
     alone = {k: v["read_bw"] for k, v in measured.items()}
-    chunk = cost.model.chunk_bytes()
-    sim_loads = [{"s": d, "busy_s": list(busy), "bytes": list(tb), "chunks": [b // chunk for b in tb]}
-                 for (_a, d, _b, _u, tb), busy in zip(sim.read_logs[0] if sim.read_logs else [],
-                                                      sim.busy_logs[0] if sim.busy_logs else [])]
-    return {
+    pred = _sim_run(reqs, real, args, measured, chunk)
+    sysc = pred["sysc"]
+    real_rt = real["summary"]["read_time_per_step_s"]
+    real_ttft = real["summary"]["ttft_mean_s"]
+    real_steps = real["steps_read_s"]
+    real_gbps = real["summary"].get("load_gbps", 0.0)
+    replay_breakdown = read_breakdown(real.get("load_steps") or [], names, alone, sysc.verify_s)
+    st = pred["storage"]
+    out: dict[str, Any] = {
         "measured_gbps": {k: {kk: vv / 1e9 for kk, vv in v.items()} for k, v in measured.items()},
         "model": {"read_window_bytes": [t.read_window_bytes for t in sysc.tiers],
                   "read_window_floor_bytes": sysc.read_window_floor_bytes, "verify_s": sysc.verify_s,
                   "write_backlog_bytes": sysc.write_backlog_bytes},
         "replay_busy_gbps": real["tier_gbps"],
-        "replay_steps_with_reads": len(real_steps), "sim_steps_with_reads": len(sim_steps),
+        "replay_steps_with_reads": len(real_steps), "sim_steps_with_reads": len(pred["steps"]),
         "replay_read_bytes_per_step": (sum(real["step_read_bytes"]) / len(real_steps)) if real_steps else 0,
-        "sim_read_bytes_per_step": (sum(s.load_bytes for s in sim_steps) / len(sim_steps)) if sim_steps else 0,
-        "replay_read_time_per_step_s": real_rt, "sim_read_time_per_step_s": sim_rt,
-        "difference": (sim_rt - real_rt) / real_rt if real_rt else math.nan,
-        "within_10_percent": abs(sim_rt - real_rt) <= 0.10 * real_rt if real_rt else False,
-        "replay_load_gbps": real_gbps, "sim_load_gbps": sim_gbps,
-        "replay_load_disk_bytes": real["summary"].get("load_disk_bytes", 0), "sim_load_disk_bytes": sim_bytes,
-        "replay_load_s": real["summary"].get("load_busy_s", 0.0), "sim_load_s": sim_busy,
-        "load_gbps_difference": (sim_gbps - real_gbps) / real_gbps if real_gbps else math.nan,
+        "sim_read_bytes_per_step": (sum(s.load_bytes for s in pred["steps"]) / len(pred["steps"]))
+        if pred["steps"] else 0,
+        "replay_read_time_per_step_s": real_rt, "sim_read_time_per_step_s": pred["read_time_per_step_s"],
+        "difference": _rel(pred["read_time_per_step_s"], real_rt),
+        "within_10_percent": _within(pred, real_rt, real_ttft),
+        "replay_ttft_mean_s": real_ttft, "sim_ttft_mean_s": pred["ttft_mean_s"],
+        "ttft_difference": _rel(pred["ttft_mean_s"], real_ttft),
+        "replay_load_gbps": real_gbps, "sim_load_gbps": pred["load_gbps"],
+        "replay_load_disk_bytes": real["summary"].get("load_disk_bytes", 0), "sim_load_disk_bytes": pred["load_disk_bytes"],
+        "replay_load_s": real["summary"].get("load_busy_s", 0.0), "sim_load_s": pred["load_s"],
+        "load_gbps_difference": _rel(pred["load_gbps"], real_gbps),
         "replay_catch_up_reads": (real.get("store_counters") or {}).get("catch_up_reads", 0),
         "replay_read_latency_s": {k: [v.get("read_latency_p50_s"), v.get("read_latency_p99_s")]
                                   for k, v in (real.get("tier_stats") or {}).items()},
         "sim_catch_up_reads": sum(v for k, v in st.items() if k.startswith("catch_up_reads_")),
         "sim_write_skipped_backlog": sum(v for k, v in st.items() if k.startswith("write_skipped_backlog_")),
-        "replay_breakdown": read_breakdown(real.get("load_steps") or [], names, alone, sysc.verify_s),
-        "sim_breakdown": read_breakdown(sim_loads, names, alone, sysc.verify_s),
+        "replay_breakdown": replay_breakdown,
+        "sim_breakdown": read_breakdown(pred["loads"], names, alone, sysc.verify_s),
         "shared_tier": "emulated" if emulated else "real",
     }
+    seen = {name: replay_breakdown["tiers"][name]["busy_gbps"] * 1e9 for name in names
+            if replay_breakdown["tiers"].get(name, {}).get("busy_gbps", 0.0) > 0}
+    if len(seen) == len(names):
+        # The in-run rate already includes whatever the writes took from the reads: no second discount. Writes
+        # likewise at what the replay's writers got (bytes over the time the tier had copies unfinished; this
+        # VM's disk writes at 0.35 or at 1.9 GB/s from one probe to the next).
+        wrote = {k: float((real.get("tier_stats") or {}).get(k, {}).get("write_gbps") or 0.0) * 1e9 for k in names}
+        as_seen = {k: {**m, "read_bw": seen[k], "mixed_read_bw": seen[k],
+                       "write_bw": wrote[k] if wrote[k] > 0 else m["write_bw"]} for k, m in measured.items()}
+        cal = _sim_run(reqs, real, args, as_seen, chunk)
+        out["device_as_seen"] = {
+            "read_gbps": {k: v / 1e9 for k, v in seen.items()},
+            "write_gbps": {k: as_seen[k]["write_bw"] / 1e9 for k in names},
+            "steps_with_reads": len(cal["steps"]),
+            "read_time_per_step_s": cal["read_time_per_step_s"],
+            "difference": _rel(cal["read_time_per_step_s"], real_rt),
+            "ttft_mean_s": cal["ttft_mean_s"], "ttft_difference": _rel(cal["ttft_mean_s"], real_ttft),
+            "within_10_percent": _within(cal, real_rt, real_ttft),
+        }
+    return out
 
 
 def _latency_text(cc: dict[str, Any], name: str) -> str:
@@ -780,9 +832,20 @@ def _run(args: argparse.Namespace) -> int:
         else:
             tiers_txt = ", ".join(f"{k} read {v['read_bw']:.2f} / write {v['write_bw']:.2f} / mixed read "
                                   f"{v['mixed_read_bw']:.2f} GB/s" for k, v in cc["measured_gbps"].items())
-            con.print(f"crosscheck (kvstream-only): read time per step, replay {cc['replay_read_time_per_step_s']:.4f} s vs "
-                      f"simulator {cc['sim_read_time_per_step_s']:.4f} s with the measured {tiers_txt}: "
-                      f"{100 * cc['difference']:+.1f} % ({'within' if cc['within_10_percent'] else 'NOT within'} 10 %)")
+            con.print(f"crosscheck (kvstream-only), predicted from the tiers measured alone ({tiers_txt}): read "
+                      f"time per step, replay {cc['replay_read_time_per_step_s']:.4f} s vs simulator "
+                      f"{cc['sim_read_time_per_step_s']:.4f} s ({100 * cc['difference']:+.1f} %); mean TTFT replay "
+                      f"{cc['replay_ttft_mean_s']:.3f} s vs simulator {cc['sim_ttft_mean_s']:.3f} s "
+                      f"({100 * cc['ttft_difference']:+.1f} %): {'within' if cc['within_10_percent'] else 'NOT within'} 10 %")
+            seen = cc.get("device_as_seen")
+            if seen:
+                rates = ", ".join(f"{k} read {v:.2f} / write {seen['write_gbps'][k]:.2f}"
+                                  for k, v in seen["read_gbps"].items())
+                con.print(f"crosscheck, the devices as the replay's loads saw them ({rates} GB/s): read time per step "
+                          f"{seen['read_time_per_step_s']:.4f} s ({100 * seen['difference']:+.1f} %), mean TTFT "
+                          f"{seen['ttft_mean_s']:.3f} s ({100 * seen['ttft_difference']:+.1f} %), "
+                          f"{seen['steps_with_reads']} steps read: "
+                          f"{'within' if seen['within_10_percent'] else 'NOT within'} 10 %")
             for line in crosscheck_lines(cc):
                 con.print(line)
     figure = f"figure: {rep['figure']}; " if rep["figure"] else ""

@@ -26,8 +26,8 @@ from typing import Any
 from kvstream.config import StoreConfig, parse_size, parse_tier_specs
 from kvstream.errors import ConfigError
 
-__all__ = ["PREFIX", "KEYS", "KEY_DEFAULTS", "STORE_KEYS", "PluginOptions", "parse_extra_config", "attribute_error",
-           "flatten", "strict_mode"]
+__all__ = ["PREFIX", "KEYS", "KEY_DEFAULTS", "STORE_KEYS", "PluginOptions", "RecomputeOptions", "parse_extra_config",
+           "attribute_error", "flatten", "strict_mode"]
 
 PREFIX = "kvstream."
 
@@ -62,6 +62,11 @@ KEYS: dict[str, str] = {
     "tenant_salt_env": "the name of an environment variable holding the secret tenant salt (instead of a file)",
     "strict": "true: if the store cannot be opened (bad key, dead or unwritable tier), LMCache fails to start "
               "instead of logging the error and serving without kvstream",
+    "recompute_model": "the served model's name for the recompute cost model (e.g. llama-3-70b, qwen2.5-14b); with "
+                       "kvstream.recompute_gpu, lookups report a shorter hit when the GPU recomputes held chunks "
+                       "sooner than the tiers load them (a slow or stalled tier holding the tail)",
+    "recompute_gpu": "the GPU for the recompute cost model: h100, a100 or a800 (with kvstream.recompute_model)",
+    "recompute_tp": "tensor-parallel GPUs sharing one prefill, for the recompute cost model",
 }
 
 # For docs/config.md (kvstream.config.reference_markdown): type and default of each key that sets no store
@@ -81,6 +86,9 @@ KEY_DEFAULTS: dict[str, tuple[str, str]] = {
     "tenant_salt_file": ("path", "— (no salt: the namespace alone separates deployments)"),
     "tenant_salt_env": ("str", "—"),
     "strict": ("bool", "false"),
+    "recompute_model": ("str", "— (off: every held chunk is reported)"),
+    "recompute_gpu": ("str", "— (required with `kvstream.recompute_model`)"),
+    "recompute_tp": ("int", "1"),
 }
 
 # StoreConfig / TierConfig field -> the kvstream.<key> that sets it (the others: through kvstream.config_file)
@@ -109,6 +117,15 @@ _STORE_OVERRIDES = {
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class RecomputeOptions:
+    """``kvstream.recompute_*``: what prices recomputing a chunk (:class:`kvstream.serving.gpu.CostModel`)."""
+
+    model: str  # a name get_model_shape knows (validated)
+    gpu: str  # a name get_gpu knows (validated)
+    tp: int = 1  # >= 1
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class PluginOptions:
     """Everything the plugin needs from ``extra_config``; built only by :func:`parse_extra_config`."""
 
@@ -123,6 +140,7 @@ class PluginOptions:
     prefetch_ttl_s: float  # > 0
     close_timeout_s: float  # >= 0
     strict: bool = False  # a failure to open the store stops LMCache's start (see strict_mode)
+    recompute: RecomputeOptions | None = None  # None: lookups report every held chunk
 
 
 def flatten(extra: Mapping[str, Any] | None) -> dict[str, Any]:
@@ -331,7 +349,34 @@ def parse_extra_config(extra: Mapping[str, Any] | None, *, default_pending_bytes
         prefetch_ttl_s=float(_as_float("prefetch_ttl_s", opts.get("prefetch_ttl_s", 120), minimum=0.001)),
         close_timeout_s=float(_as_float("close_timeout_s", opts.get("close_timeout_s", 120), minimum=0.0)),
         strict=strict_mode(extra),
+        recompute=_recompute(opts),
     )
+
+
+def _recompute(opts: Mapping[str, Any]) -> RecomputeOptions | None:
+    """``kvstream.recompute_model`` + ``kvstream.recompute_gpu`` (+ ``kvstream.recompute_tp``), checked against
+    the cost model's known models and GPUs; None when none is set."""
+    names = ("recompute_model", "recompute_gpu", "recompute_tp")
+    given = [n for n in names if n in opts]
+    if not given:
+        return None
+    for need in names[:2]:
+        if need not in opts:
+            raise ConfigError(_field(need), f"required with {', '.join(_field(n) for n in given)}: set both "
+                                            f"{_field('recompute_model')} and {_field('recompute_gpu')}")
+    from kvstream.serving.gpu import get_gpu, get_model_shape
+
+    model = _as_str("recompute_model", opts["recompute_model"])
+    gpu = _as_str("recompute_gpu", opts["recompute_gpu"])
+    try:
+        model = get_model_shape(model).name  # an alias ("70b") becomes the model's own name
+    except KeyError as exc:
+        raise ConfigError(_field("recompute_model"), str(exc.args[0])) from None
+    try:
+        get_gpu(gpu)
+    except KeyError as exc:
+        raise ConfigError(_field("recompute_gpu"), str(exc.args[0])) from None
+    return RecomputeOptions(model=model, gpu=gpu.lower(), tp=_as_int("recompute_tp", opts.get("recompute_tp", 1), minimum=1))
 
 
 def _tenant_salt(opts: Mapping[str, Any]) -> bytes | None:

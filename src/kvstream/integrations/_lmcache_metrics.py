@@ -15,6 +15,8 @@ or ``reason`` / ``path`` where shown):
 ``lmcache:kvstream_time_to_chunk``           seconds from a batch read's start to each chunk landing, by tier
 ``lmcache:kvstream_time_to_get``             seconds per batch read, ``path`` = sync | prefetch
 ``lmcache:kvstream_num_miss_chunks``         chunks asked for and not returned, by ``reason``
+``lmcache:kvstream_num_declined_chunks``     held chunks a lookup reported as misses: recomputing them was
+                                             cheaper than loading them (``kvstream.recompute_model``)
 ``lmcache:kvstream_num_stored_chunks``       puts accepted into the store (before replication)
 ``lmcache:kvstream_num_stored_bytes``        their payload bytes
 ``lmcache:kvstream_num_dropped_puts``        puts not stored, by ``reason``
@@ -85,6 +87,8 @@ _SPECS: list[tuple[Any, ...]] = [
      "Seconds from a kvstream batch read's start to each chunk landing, by tier", ["tier"], _CHUNK_BUCKETS),
     ("time_to_get", Histogram, "lmcache:kvstream_time_to_get", "Seconds per kvstream batch read", ["path"], _GET_BUCKETS),
     ("miss_chunks", Counter, "lmcache:kvstream_num_miss_chunks", "Chunks asked of kvstream and not returned", ["reason"]),
+    ("declined_chunks", Counter, "lmcache:kvstream_num_declined_chunks",
+     "Held chunks a kvstream lookup reported as misses because recomputing them is cheaper than loading them", []),
     ("stored_chunks", Counter, "lmcache:kvstream_num_stored_chunks", "Puts accepted by kvstream", []),
     ("stored_bytes", Counter, "lmcache:kvstream_num_stored_bytes", "Payload bytes of puts accepted by kvstream", []),
     ("dropped_puts", Counter, "lmcache:kvstream_num_dropped_puts", "Puts kvstream did not store", ["reason"]),
@@ -200,6 +204,11 @@ class PluginMetrics:
     def missed(self, reason: str, n: int = 1) -> None:
         if n:
             self._l("miss_chunks", reason=reason).inc(n)
+
+    def declined(self, n: int) -> None:
+        """A lookup left ``n`` held chunks to the GPU (reported a shorter hit)."""
+        if n:
+            self._l("declined_chunks").inc(n)
 
     # -- writes ---------------------------------------------------------------------------------------------
     def stored(self, nbytes: int) -> None:

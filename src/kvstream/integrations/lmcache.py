@@ -30,6 +30,14 @@ How each LMCache call is served (facts about LMCache in docs/lmcache-notes.md):
   Nothing here runs blocking work on LMCache's event-loop thread.
 - puts: :mod:`._lmcache_writer` (returns at once, references held until the store has the bytes, deferred
   flush, replication by the store's policy).
+- lookups (``batched_contains``, ``batched_async_contains``): the held prefix, or, with
+  ``kvstream.recompute_model`` and ``kvstream.recompute_gpu`` set, a shorter one when the GPU recomputes the
+  held chunks after it sooner than the tiers load them (:meth:`KVStreamBackend._reported_prefix`). LMCache
+  cannot overlap a load with vLLM's prefill (the prefill needs the loaded prefix first), so a shorter hit is the
+  only split the plugin can express: :func:`kvstream.compute.loaded_prefix` picks it from each chunk's load time
+  (0 in host memory, else its bytes over the summed read-bandwidth estimates of the usable tiers holding it) and
+  its recompute cost at its position (:class:`kvstream.serving.gpu.CostModel`). Declined chunks are counted in
+  ``lmcache:kvstream_num_declined_chunks``. ``contains`` (one key) always answers whether the chunk is held.
 - misses are never errors: an absent, corrupted or truncated chunk file, or no CPU memory for the target,
   is a ``None`` (counted in ``lmcache:kvstream_num_miss_chunks`` by reason).
 - start: LMCache catches any ``Exception`` from a plugin's constructor, logs it and serves without the plugin.
@@ -62,14 +70,16 @@ from typing import TYPE_CHECKING, Any, Callable, List, Optional, Sequence, cast
 import numpy as np
 import torch
 from lmcache.logging import CustomFormatter, get_log_level, init_logger
-from lmcache.utils import CacheEngineKey
+from lmcache.utils import CacheEngineKey, LayerCacheEngineKey
 from lmcache.v1.memory_management import MemoryFormat, MemoryObj
 from lmcache.v1.storage_backend.abstract_backend import StoragePluginInterface
 
+from kvstream.compute import loaded_prefix
 from kvstream.errors import ConfigError, KVStreamError, StoreClosedError
 from kvstream.format import ChunkMeta
 from kvstream.integrations._lmcache_config import (
     PluginOptions,
+    RecomputeOptions,
     attribute_error,
     flatten,
     parse_extra_config,
@@ -78,12 +88,14 @@ from kvstream.integrations._lmcache_config import (
 from kvstream.integrations._lmcache_keys import KeyMapper
 from kvstream.integrations._lmcache_metrics import PluginMetrics, TimedPuts
 from kvstream.integrations._lmcache_writer import WriteItem, WriteQueue
-from kvstream.store import Store, open_store
+from kvstream.store import ChunkPlace, Store, open_store
 
 if TYPE_CHECKING:
     from lmcache.v1.config import LMCacheEngineConfig
     from lmcache.v1.metadata import LMCacheMetadata
     from lmcache.v1.storage_backend.local_cpu_backend import LocalCPUBackend
+
+    from kvstream.serving.gpu import CostModel
 
 __all__ = ["KVStreamBackend", "StrictStartError"]
 
@@ -153,6 +165,38 @@ def chunk_meta_of(obj: MemoryObj) -> ChunkMeta | None:
     if math.prod(meta.shape) * dtype.itemsize != obj.get_size():
         return None
     return meta
+
+
+class _RecomputeCost:
+    """What recomputing a held chunk costs (``kvstream.recompute_*``), per position, and the chunk size to assume
+    where the store's index has none. ``cost_s(n)``: the GPU seconds of chunks ``0..n-1``, chunk ``j`` at
+    ``j * chunk_tokens`` tokens of context: ``CostModel.recompute_chunk_s``, the marginal compute time of one
+    chunk at that position (``prefill_time`` of the longer prefix minus that of the shorter one, without the
+    step's fixed overhead, which the prefill pays anyway)."""
+
+    def __init__(self, opts: RecomputeOptions, chunk_tokens: int, chunk_bytes: int) -> None:
+        from kvstream.serving.gpu import CostModel, get_gpu, get_model_shape  # only when the keys are set
+
+        self.model: "CostModel" = CostModel(get_gpu(opts.gpu), get_model_shape(opts.model), opts.tp)
+        self.chunk_tokens = max(int(chunk_tokens), 1)
+        self.chunk_bytes = chunk_bytes
+        self._costs: tuple[float, ...] = ()  # grown on demand; replaced whole, so readers need no lock
+
+    def cost_s(self, n: int) -> tuple[float, ...]:
+        costs = self._costs
+        if len(costs) < n:
+            t = self.chunk_tokens
+            costs = costs + tuple(self.model.recompute_chunk_s(j * t, t) for j in range(len(costs), n))
+            self._costs = costs
+        return costs[:n]
+
+
+def _lmcache_chunk_bytes(metadata: "LMCacheMetadata") -> int:
+    """Bytes of one full LMCache chunk (``kv_shape`` x ``kv_dtype``), 0 if the metadata does not say."""
+    try:
+        return int(math.prod(int(d) for d in metadata.kv_shape) * metadata.kv_dtype.itemsize)
+    except (AttributeError, TypeError, ValueError):
+        return 0
 
 
 @dataclass(eq=False)
@@ -241,11 +285,16 @@ class KVStreamBackend(StoragePluginInterface):  # type: ignore[misc]  # LMCache 
             self.store: Store = open_store(self.options.store)
         except ConfigError as exc:
             raise attribute_error(exc, flatten(extra)) from None
+        self._recompute: _RecomputeCost | None = None
         self._closed = False  # no new work accepted (set by _quiesce)
         self._store_closed = False
         self._writer_ok = True
         self._close_lock = threading.Lock()
         try:
+            rc = self.options.recompute
+            if rc is not None:
+                self._recompute = _RecomputeCost(rc, int(getattr(config, "chunk_size", 0) or metadata.kv_shape[2]),
+                                                 _lmcache_chunk_bytes(metadata))
             self._keys = KeyMapper(self.options.namespace, tenant_salt=self.options.tenant_salt)
             self.metrics = PluginMetrics(model_name=metadata.model_name, worker_id=metadata.worker_id,
                                          role=metadata.role, served_model_name=metadata.served_model_name)
@@ -306,6 +355,10 @@ class KVStreamBackend(StoragePluginInterface):  # type: ignore[misc]  # LMCache 
         logger.info("kvstream: plugin ready (%s%s): tiers %s; router %s, replication %s, io engine %s",
                     self.options.store_source, ", strict" if self.options.strict else "", tiers, st.router,
                     st.replication, st.io_engine)
+        if self._recompute is not None:
+            logger.info("kvstream: lookups may leave held chunks to the GPU when it recomputes them sooner than the "
+                        "tiers load them (%s, %d-token chunks)", self._recompute.model.describe(),
+                        self._recompute.chunk_tokens)
 
     # -- lookups --------------------------------------------------------------------------------------------
     def _held_prefix(self, keys: Sequence[CacheEngineKey]) -> int:
@@ -320,6 +373,57 @@ class KVStreamBackend(StoragePluginInterface):  # type: ignore[misc]  # LMCache 
                 sk = self._keys(k)
                 self._pins[sk] = self._pins.get(sk, 0) + 1
 
+    def _reported_prefix(self, keys: Sequence[CacheEngineKey]) -> int:
+        """The hit a lookup reports: the held prefix, or (``kvstream.recompute_*`` set) the first ``k`` of its
+        chunks, when loading those and letting vLLM's prefill recompute the rest takes less time than loading
+        all of them (:func:`kvstream.compute.loaded_prefix`). Never shortened while a tier holding one of the
+        chunks has no bandwidth estimate yet, nor for per-layer keys (LMCache's layerwise lookups ask about one
+        chunk's layers: there is no prefix to split).
+
+        Positions count from the first key asked about: when LMCache's own CPU or disk tier holds a front of the
+        prompt, it asks this plugin about the rest only, so the costs are those of a prefix that many chunks
+        shorter (a lower bound: attention only gets dearer further in)."""
+        rc = self._recompute
+        if rc is None or not keys or isinstance(keys[0], LayerCacheEngineKey):
+            return self._held_prefix(keys)
+        try:
+            places = self.store.locate_prefix(self._keys.many(list(keys)))
+        except StoreClosedError:
+            return 0
+        n = len(places)
+        load_s = self._load_times(places, rc.chunk_bytes)
+        if load_s is None:
+            return n
+        cost_s = rc.cost_s(n)
+        k = loaded_prefix(load_s, cost_s)
+        if k < n:
+            self.metrics.declined(n - k)
+            logger.debug("kvstream: lookup reports %d of %d held chunks; the GPU recomputes the other %d sooner "
+                         "(%.4f s) than the tiers load them (%.4f s)", k, n, n - k, math.fsum(cost_s[k:]),
+                         math.fsum(load_s[k:]))
+        return k
+
+    def _load_times(self, places: Sequence[ChunkPlace], default_bytes: int) -> list[float] | None:
+        """Seconds to load each held chunk: 0 in host memory, else its bytes over the summed bandwidth estimates
+        of the usable tiers that hold it (``inf`` when they were measured delivering nothing). None when an
+        estimate needed is unknown: nothing to decide on yet."""
+        out: list[float] = []
+        bw: dict[int, float | None] = {}
+        for p in places:
+            if p.memory:
+                out.append(0.0)
+                continue
+            for t in p.tiers:
+                if t not in bw:
+                    bw[t] = self.store.read_bandwidth(t)
+            got = [bw[t] for t in p.tiers]
+            if not got or any(b is None for b in got):
+                return None
+            total = math.fsum(b for b in got if b is not None)
+            nbytes = p.file_bytes or default_bytes
+            out.append(nbytes / total if total > 0 else math.inf)
+        return out
+
     def contains(self, key: CacheEngineKey, pin: bool = False) -> bool:
         found = self._held_prefix([key]) == 1
         if found and pin:
@@ -327,7 +431,7 @@ class KVStreamBackend(StoragePluginInterface):  # type: ignore[misc]  # LMCache 
         return found
 
     def batched_contains(self, keys: List[CacheEngineKey], pin: bool = False) -> int:
-        n = self._held_prefix(keys)
+        n = self._reported_prefix(keys)
         if pin and n:
             self._pin_keys(keys[:n])
         return n
@@ -528,8 +632,9 @@ class KVStreamBackend(StoragePluginInterface):  # type: ignore[misc]  # LMCache 
         _release_when_done(pf.future)
 
     async def batched_async_contains(self, lookup_id: str, keys: List[CacheEngineKey], pin: bool = False) -> int:
-        """Count the held prefix and start loading it now (LMCache serialises the later get, not this)."""
-        n = self._held_prefix(keys)
+        """Count the prefix to report (as ``batched_contains``) and start loading it now (LMCache serialises the
+        later get, not this)."""
+        n = self._reported_prefix(keys)
         if pin and n:
             self._pin_keys(keys[:n])
         if n and not self._closed:

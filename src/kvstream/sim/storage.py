@@ -37,10 +37,11 @@ becomes readable from a tier when that op completes, and until then it is in hos
 The write backlog valve (``write_backlog_bytes``, the store's ``TierConfig.write_backlog_bytes``; None: off, the
 model's old behaviour, where a slow tier's writes queue without limit and their chunks overflow host memory): a
 *second* copy of a chunk is skipped at flush while its tier's queued and unfinished write bytes are at or past the
-limit, and owed (:mod:`kvstream.replica_debt`). Every ``CATCH_UP_INTERVAL_S`` a catch-up pass pays up to
-``CATCH_UP_BATCH`` debts of each tier whose backlog is below half the limit, as the store's ``CatchUp`` does:
-from host memory if the chunk is there, else by reading it back from a tier that holds it (one read at a time, a
-real read on that tier's device, competing with the loads), then writing it.
+limit, and owed (:mod:`kvstream.replica_debt`). The store's catch-up rules
+(:class:`~kvstream.replica_debt.CatchUpPolicy`, the same object) pay the debts: every ``interval_s`` a pass takes
+up to ``batch`` debts of each tier whose backlog is below half the limit, from host memory if the chunk is there,
+else by reading it back from a tier that holds it (one read at a time, a real read on that tier's device), then
+writing it; a read-back waits while a load is reading from the tiers.
 """
 
 from __future__ import annotations
@@ -53,6 +54,7 @@ from typing import Any, Protocol, cast
 from kvstream.eviction import AccessMeta, EvictionPolicy, eviction_options, make_eviction_policy
 from kvstream.compute import ComputePolicy, leading_computed, split_load
 from kvstream.read_step import Action, ChunkState, Compute, Deliver, Open, ReadState, ReadStep, Release, Submit
+from kvstream.replica_debt import CatchUpPolicy, DebtAction
 from kvstream.replication import CopyOrder, ReadObservation, ReplicationPolicy, WriteIntent
 from kvstream.read_windows import ReadWindows
 from kvstream.routing import ReadRouter
@@ -60,12 +62,8 @@ from kvstream.serving.core import LoadDone, WriteChunks
 from kvstream.sim.devices import READ, WRITE, Device
 from kvstream.sim.engine import PRIO_IO, EventLoop
 
-__all__ = ["SimTier", "SimStorage", "chunk_key", "CATCH_UP_INTERVAL_S", "CATCH_UP_BATCH"]
+__all__ = ["SimTier", "SimStorage", "chunk_key"]
 
-# The store's catch-up of owed replicas (kvstream.replica_debt.CatchUp): how often it looks, and how many debts
-# per tier it pays in one pass.
-CATCH_UP_INTERVAL_S = 0.25
-CATCH_UP_BATCH = 16
 
 
 def chunk_key(c: Hashable) -> bytes:
@@ -197,6 +195,8 @@ class SimStorage:
         self._owed: list[dict[Hashable, None]] = [{} for _ in self.tiers]  # tier -> chunks owed (oldest first)
         self._catch_up_due = False  # a catch-up pass is scheduled
         self._catch_up_busy = False  # a pass is reading a chunk back
+        self.catch_up = CatchUpPolicy()
+        self._reading_loads = 0  # loads whose read step is running (the store's serving read steps in flight)
         self.catch_up_copies = 0
 
     # -- the core's query -----------------------------------------------------------------------------------
@@ -308,6 +308,7 @@ class SimStorage:
             windows = [t.read_window * self.chunk_bytes for t in self.tiers]
         ld.step = ReadStep(self.router.schedule(ld.holders, n_t, front=plan.front if plan else 0),
                            [self.chunk_bytes] * len(ld.disk), windows, compute=plan)
+        self._reading_loads += 1
         for tier in self.tiers:
             tier.device._advance(self.loop.now)
         ld.pot0 = [tier.device.potential_read for tier in self.tiers]
@@ -382,7 +383,10 @@ class SimStorage:
             self._finish_load(ld)
 
     def _finish_load(self, ld: _Load) -> None:
+        assert not ld.done, "a load finishes once"
         ld.done = True
+        if ld.step is not None:
+            self._reading_loads -= 1
         if ld.step is not None:
             lost = [j for j, st in enumerate(ld.step.chunks) if st is ChunkState.LOST]
             if lost:
@@ -510,39 +514,38 @@ class SimStorage:
         self._owed[t][c] = None
         if not self._catch_up_due:
             self._catch_up_due = True
-            self.loop.at(self.loop.now + CATCH_UP_INTERVAL_S, PRIO_IO, self._catch_up)
+            self.loop.at(self.loop.now + self.catch_up.interval_s, PRIO_IO, self._catch_up)
 
     def _catch_up(self) -> None:
-        """One pass of the store's catch-up (``CatchUp.round``): per tier with debts and a backlog below half its
-        limit, up to ``CATCH_UP_BATCH`` of the oldest debts; reads back run one after another."""
+        """One pass of the store's catch-up (``CatchUp.round``, by the same :class:`CatchUpPolicy`): per tier with
+        debts and a backlog below half its limit, up to ``batch`` of the oldest debts; reads back run one after
+        another."""
         self._catch_up_due = False
         if not self._catch_up_busy:
             work: list[tuple[int, Hashable]] = []
             for t, tier in enumerate(self.tiers):
-                lim = self.backlog_limit[t]
-                if not self._owed[t] or (lim is not None and tier.backlog_bytes >= lim // 2):
+                if not self._owed[t] or not CatchUpPolicy.tier_ready(True, tier.backlog_bytes, self.backlog_limit[t]):
                     continue
-                work.extend((t, c) for c in list(self._owed[t])[:CATCH_UP_BATCH])
+                work.extend((t, c) for c in list(self._owed[t])[:self.catch_up.batch])
             self._catch_up_next(work)
         if any(self._owed) and not self._catch_up_due:
             self._catch_up_due = True
-            self.loop.at(self.loop.now + CATCH_UP_INTERVAL_S, PRIO_IO, self._catch_up)
+            self.loop.at(self.loop.now + self.catch_up.interval_s, PRIO_IO, self._catch_up)
 
     def _catch_up_next(self, work: list[tuple[int, Hashable]]) -> None:
         while work:
             t, c = work.pop(0)
             if c not in self._owed[t]:
                 continue
-            if c in self._sets[t]:
-                del self._owed[t][c]
-                continue
-            if c in self._host:
-                del self._owed[t][c]
-                self._order_copy(t, c)
-                continue
             holders = [o for o in range(len(self.tiers)) if o != t and c in self._sets[o]]
-            if not holders:
-                del self._owed[t][c]  # evicted everywhere: nothing to copy
+            act = self.catch_up.decide(on_tier=c in self._sets[t], in_memory=c in self._host,
+                                       has_holder=bool(holders), serving=self._reading_loads > 0)
+            if act is DebtAction.DEFER:
+                continue
+            if act is not DebtAction.READ_BACK:
+                del self._owed[t][c]
+                if act is DebtAction.COPY:
+                    self._order_copy(t, c)
                 continue
             # Read it back from the first holder (one read at a time, as the store's catch-up thread does).
             src = self.tiers[holders[0]]
@@ -551,6 +554,7 @@ class SimStorage:
             src.device.submit(READ, self.chunk_bytes, self._caught_up, (t, c, holders[0], work), client=src.client)
             return
         self._catch_up_busy = False
+        self.catch_up.end_round()
 
     def _caught_up(self, arg: tuple[int, Hashable, int, list[tuple[int, Hashable]]]) -> None:
         t, c, src, work = arg
@@ -667,6 +671,7 @@ class SimStorage:
         valve = any(lim is not None for lim in self.backlog_limit)
         if valve:  # only then: the figures of runs without the valve keep their keys
             out["catch_up_copies"] = self.catch_up_copies
+            out["catch_up_reads_deferred"] = self.catch_up.reads_deferred
         for t in self.tiers:
             out[f"read_bytes_{t.name}"] = t.read_bytes
             out[f"write_bytes_{t.name}"] = t.write_bytes

@@ -66,6 +66,7 @@ class TierCounters:
     corrupt_chunks: int = 0
     missing_files: int = 0
     write_bytes: int = 0
+    write_busy_s: float = 0.0  # wall time with at least one copy handed to the tier's writer and not finished
     write_chunks: int = 0
     write_errors: int = 0
     write_skipped_full: int = 0  # copies not written because the disk was full even after eviction
