@@ -300,3 +300,24 @@ def test_mixed_probe_reports_reads_and_writes_beside_each_other(tmp_path: Path):
     m = out["local"]
     assert set(m) == {"read_bw", "write_bw", "mixed_read_bw", "mixed_write_bw"}
     assert all(v > 0 for v in m.values())
+
+
+def test_the_write_probe_measures_the_tier_not_the_puts(tmp_path: Path, monkeypatch):
+    # Puts into a new store first touch fresh host buffers; on this VM that alone made the old wall-clock figure
+    # 0.34 GB/s in one probe and 1.49 in the next. Here each put takes 50 ms: the probe must still report what the
+    # tier wrote at (bytes over the time it had copies unfinished), far above 8 MiB / 0.4 s.
+    import time as _time
+
+    from kvstream.store import Store
+
+    put = Store.put
+
+    def slow_put(self, *a, **kw):
+        _time.sleep(0.05)
+        return put(self, *a, **kw)
+
+    monkeypatch.setattr(Store, "put", slow_put)
+    cost = SimpleNamespace(model=SimpleNamespace(chunk_bytes=lambda: MB))
+    args = argparse.Namespace(emulate_gbps=0.4)
+    m = _measure_tiers([("local", tmp_path / "l")], args, cost, False, n=8, mixed=False)["local"]
+    assert m["write_bw"] > 3 * (8 * MB / 0.4)

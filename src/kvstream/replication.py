@@ -45,6 +45,7 @@ __all__ = [
     "SingleCopy",
     "PartialReplication",
     "LazyReplication",
+    "partial_fraction",
     "SelectiveReplication",
     "parse_replication",
 ]
@@ -130,6 +131,26 @@ class PartialReplication(ReplicationPolicy):
         if n_tiers == 1 or _unit(intent) >= self.fraction:
             return frozenset((0,))
         return frozenset(range(n_tiers))
+
+
+def partial_fraction(read_bws: Sequence[float], margin: float = 3.0) -> float:
+    """The share of each prefix's chunks to give a second copy (``partial:F``) for tiers that read at
+    ``read_bws`` (bytes/s; the primary first): ``margin`` times the share of a step the other tiers read in a
+    meet-in-the-middle (their summed bandwidth over all tiers'), at least 0.2 and at most 1.0 (full replication).
+
+    Why: KVStream's advice when the second tier is short of write bandwidth is partial replication (its 40 %
+    reads within 5 % of the bound); a slow second tier only ever reads the back ``share`` of a step, so copies of
+    the other chunks there cost its write bandwidth (and, through the write backlog, host memory and catch-up
+    reads) for no read. The margin keeps dual chunks where the meeting point moves when a tier slows down.
+    Invariant: 0.2 <= F <= 1.0, non-decreasing in every non-primary tier's bandwidth, 1.0 once they read at
+    least half as fast as the primary (margin 3)."""
+    if len(read_bws) < 2 or any(not math.isfinite(b) or b < 0 for b in read_bws):
+        return 1.0
+    total = float(sum(read_bws))
+    if total <= 0:
+        return 1.0
+    share = (total - read_bws[0]) / total
+    return min(1.0, max(0.2, margin * share))
 
 
 @dataclass
