@@ -338,12 +338,12 @@ def _run_one(name: str, reqs: list[Any], tiers: list[tuple[str, Path]], args: ar
               "loads_from_disk": sum(1 for lo in backend.loads if lo.disk_bytes > 0),
               "load_bound_gbps": bound, "load_of_bound": gbps / bound if bound > 0 else math.nan})
     return {
-        "system": name, "replication": cfg["replication"], "wall_s": wall, "summary": s, "ttfts": sorted(r.ttft for r in core.metrics.requests
-                                                                          if not math.isnan(r.first_token)),
+        "system": name, "replication": cfg["replication"], "wall_s": wall, "summary": s,
+        "ttfts": sorted(r.ttft for r in core.metrics.requests if not math.isnan(r.first_token)),
         "tier_series": core.metrics.tier_series, "lag_s": drv.lag_s,
         "tier_gbps": {k: v.read_gbps for k, v in stats.tiers.items()},
         "tier_stats": {k: {kk: getattr(v, kk) for kk in ("read_bytes", "read_busy_s", "write_bytes", "write_busy_s",
-                                                         "write_gbps", "direct_io",
+                                                  "write_gbps", "direct_io",
                                                   "read_latency_p50_s", "read_latency_p99_s",
                                                   "write_latency_p50_s", "write_latency_p99_s",
                                                   "read_chunks", "duplicate_chunks", "write_skipped_backlog")}

@@ -65,7 +65,6 @@ from kvstream.sim.engine import PRIO_IO, EventLoop
 __all__ = ["SimTier", "SimStorage", "chunk_key"]
 
 
-
 def chunk_key(c: Hashable) -> bytes:
     """A store-style key for a simulated chunk id (replication policies hash or log keys)."""
     if isinstance(c, bytes):
@@ -387,7 +386,6 @@ class SimStorage:
         ld.done = True
         if ld.step is not None:
             self._reading_loads -= 1
-        if ld.step is not None:
             lost = [j for j, st in enumerate(ld.step.chunks) if st is ChunkState.LOST]
             if lost:
                 self.lost_chunks += len(lost)
