@@ -227,6 +227,7 @@ def main() -> int:
                 ok &= print_bandwidth(mode, per_chunk, args.runs)
             report["targets_met"] = ok
         if args.json:
+            args.json.parent.mkdir(parents=True, exist_ok=True)
             args.json.write_text(json.dumps(report, indent=2))
         return 0 if report.get("targets_met", True) else 1
     finally:

@@ -459,3 +459,26 @@ def test_no_slabs_without_hugepages(monkeypatch: pytest.MonkeyPatch, how: str) -
     bufs = [pool.acquire(CHUNK_1M) for _ in range(3)]
     assert all(b is not None and b._slab is None and b._exp is None and len(b._mm) == cls for b in bufs)
     assert pool.slab_count == 0 and pool.allocated_bytes == 3 * cls == pool.in_use_bytes
+
+
+@pytest.mark.parametrize("size", [3 * MiB, 100 * 1024])  # a plain buffer class and a slab class
+def test_prefault_fills_the_pool_with_touched_free_buffers(size: int) -> None:
+    """``prefault`` maps the pool's free room in one size class, every page resident, and leaves the buffers
+    free: later acquires reuse them and allocate nothing."""
+    pool = BufferPool(16 * MiB)
+    done = pool.prefault(size)
+    cls = BufferPool.size_class(size)
+    assert 16 * MiB - cls - 2 * MiB < done <= 16 * MiB == pool.capacity_bytes
+    assert done <= pool.allocated_bytes <= pool.capacity_bytes and pool.in_use_bytes == 0  # slabs count whole
+    allocations = pool.allocations
+    bufs = [pool.acquire(size) for _ in range(done // cls)]
+    assert all(b is not None for b in bufs)
+    assert pool.allocations == allocations and pool.reuses >= len(bufs)
+    for b in bufs:
+        assert b is not None
+        assert _resident_kib(b.address) >= b.capacity // 1024
+
+
+def _resident_kib(address: int) -> int:
+    """Resident KiB of the mapping holding ``address`` (smaps ``Rss``): pages touched, not merely mapped."""
+    return int(_smaps_entry(address)["Rss"].split()[0])

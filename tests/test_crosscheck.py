@@ -12,6 +12,7 @@ from types import SimpleNamespace
 import pytest
 
 from kvstream.commands.replay import (_crosscheck, _LoadProbe, _measure_tiers, crosscheck_lines, crosscheck_system,
+                                     device_as_seen,
                                       read_breakdown)
 from kvstream.eviction import make_eviction_policy
 from kvstream.replication import parse_replication
@@ -251,6 +252,33 @@ def test_crosscheck_also_runs_the_model_with_the_devices_as_the_replay_saw_them(
     assert "device_as_seen" not in _crosscheck(reqs, [_real()], args, cost, True, MEASURED)
 
 
+def test_device_as_seen_separates_reads_beside_writes_from_reads_without():
+    # Tier 0 reads at 2 GB/s alone and at 0.5 GB/s while it writes (a quarter of its time to reads); loads with
+    # every mix of the two: the fit recovers both, where the mean over all loads would be neither.
+    def load(nbytes: float, f: float) -> dict:
+        busy = nbytes * (1 - f) / 2e9 + nbytes * f / 0.5e9
+        return {"s": busy, "busy_s": [busy], "bytes": [nbytes], "chunks": [1], "write_s": [f * busy]}
+
+    loads = [load(1e9, 0.0), load(2e9, 0.0), load(0.5e9, 1.0), load(1e9, 0.5), load(1.5e9, 0.2)]
+    fit = device_as_seen(loads, 0)
+    assert fit is not None
+    assert fit["read_bw"] == pytest.approx(2e9, rel=0.2) and fit["read_share"] == pytest.approx(0.25, rel=0.3)
+    mean = sum(lo["bytes"][0] for lo in loads) / sum(lo["busy_s"][0] for lo in loads)
+    assert fit["read_bw"] > 1.3 * mean
+
+
+def test_device_as_seen_keeps_one_rate_when_the_loads_cannot_tell():
+    # Almost nothing read beside writes (the local tier in the default replay: 2-3 % of its bytes): one rate.
+    loads = [{"s": 1.0, "busy_s": [1.0], "bytes": [2e9], "chunks": [40], "write_s": [0.0]},
+             {"s": 1.0, "busy_s": [1.0], "bytes": [1e9], "chunks": [20], "write_s": [0.05]}]
+    fit = device_as_seen(loads, 0)
+    assert fit == {"read_bw": pytest.approx(1.5e9), "read_share": 1.0,
+                   "bytes_beside_writes": pytest.approx(0.05 * 1e9 / 3e9)}
+    # Records from before write_s existed, and a tier that read nothing.
+    assert device_as_seen([{"s": 1.0, "busy_s": [0.5], "bytes": [1e9], "chunks": [20]}], 0)["read_bw"] == 2e9
+    assert device_as_seen([{"s": 1.0, "busy_s": [0.0], "bytes": [0], "chunks": [0]}], 0) is None
+
+
 def test_crosscheck_models_the_tiers_capacity():
     # With small tiers the store evicts and later reads miss (recomputed); a model with unlimited tiers read them.
     reqs, cost, args = _replay_inputs(32)
@@ -287,6 +315,8 @@ def test_load_probe_records_the_tiers_busy_time_of_disk_reads_only(tmp_path: Pat
         assert sum(lo["chunks"]) >= 6 and sum(lo["bytes"]) >= 6 * MB
         assert all(b > 0 for b, n in zip(lo["busy_s"], lo["chunks"]) if n)
         assert lo["s"] >= max(lo["busy_s"]) * 0.5
+        assert all(0.0 <= w <= lo["s"] + 0.01 for w in lo["write_s"])  # everything was written before the read
+        assert lo["at"] >= 0.0
         list(probe.read_chunks(keys[:2]))  # now in host memory: no disk read, nothing recorded
         assert len(probe.loads) == 1
     finally:

@@ -119,6 +119,30 @@ def test_write_busy_time_covers_each_tiers_unfinished_copies(disk_tmp: Path) -> 
         assert t.write_gbps == pytest.approx(t.write_bytes / t.write_busy_s / 1e9)
 
 
+def test_write_busy_time_includes_the_stretch_still_open(disk_tmp: Path) -> None:
+    # While a tier's writes are stalled its busy time keeps growing in every snapshot, not only once its backlog
+    # empties (what replay's load records and a Prometheus rate() read mid-stretch).
+    import time
+
+    from kvstream.io.engine import make_engine
+    from kvstream.io.faults import Fault, FaultPlan, FaultyEngine
+
+    engine = FaultyEngine(make_engine("threads"), FaultPlan([Fault(kind="delay", rings="local-w", delay_s=0.6)],
+                                                            seed=1))
+    with kvstream.open_store(_cfg(disk_tmp), engine=engine) as s:
+        s.put(b"z" * 16, b"z" * 200000)
+        s.flush()
+        time.sleep(0.2)
+        a = s.stats().tiers["local"].write_busy_s
+        time.sleep(0.2)
+        b = s.stats().tiers["local"].write_busy_s
+        assert 0.1 < a < b and b - a == pytest.approx(0.2, abs=0.1)
+        assert s.drain(10)
+        done = s.stats().tiers["local"].write_busy_s
+        time.sleep(0.1)
+        assert s.stats().tiers["local"].write_busy_s == done >= b  # closed: no longer grows
+
+
 def test_percentiles() -> None:
     assert percentiles([]) == (None, None)
     assert percentiles([3.0]) == (3.0, 3.0)

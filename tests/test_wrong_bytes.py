@@ -115,6 +115,44 @@ def test_a_viewed_buffer_released_to_the_pool_is_never_handed_out(disk_tmp):
 
 
 @pytest.mark.parametrize("engine", engines())
+def test_overflow_buffers_are_reused_only_after_their_views_are_gone(disk_tmp, engine):
+    """Reads that land while host memory is full of viewed chunks get overflow buffers; those are kept for reuse
+    (``read_overflow_bytes``) but never handed out again while the caller still holds a view of one."""
+    keys = keys_for(60, seed=3)
+    with kvstream.open_store(cfg_for(disk_tmp, engine, memory="1MiB", two=False)) as s:
+        put_all(s, keys)
+        s.evict_memory()
+        spares = s.memory.overflow_pool
+        assert spares is not None
+        held = [(keys[i], c.payload) for i, c in s.read_chunks(keys[:30]) if c is not None]
+        first = s.memory.overflow_buffers
+        assert len(held) == 30 and first > 0  # 1 MiB holds ~15 chunks: the rest overflowed
+        more = [(keys[30 + i], c.payload) for i, c in s.read_chunks(keys[30:]) if c is not None]
+        assert len(more) == 30 and s.memory.overflow_buffers > first
+        assert spares.reuses == 0  # every spare is still viewed
+        for k, v in held + more:
+            assert bytes(v) == payload(k), "a held view changed"
+        for _, v in held:
+            v.release()
+        del held
+        gc.collect()
+        again = [(keys[30 + i], c.payload) for i, c in s.read_chunks(keys[30:]) if c is not None]
+        assert spares.reuses > 0  # the first read's spares came back once their views were gone
+        for k, v in more + again:
+            assert bytes(v) == payload(k), "a held view changed"
+
+
+def test_no_overflow_buffers_are_kept_with_read_overflow_bytes_0(disk_tmp):
+    keys = keys_for(30, seed=4)
+    with kvstream.open_store(cfg_for(disk_tmp, memory="1MiB", two=False, read_overflow_bytes=0)) as s:
+        put_all(s, keys)
+        s.evict_memory()
+        held = [(keys[i], c.payload) for i, c in s.read_chunks(keys) if c is not None]
+        assert s.memory.overflow_pool is None and s.memory.overflow_buffers > 0
+        assert all(bytes(v) == payload(k) for k, v in held)
+
+
+@pytest.mark.parametrize("engine", engines())
 def test_soak_readers_and_writers_never_see_wrong_bytes(disk_tmp, engine):
     """4 reader threads (get_many, read_iter, read_chunks, read_into) and 2 writer threads (put/flush/remove,
     evict_memory) on one store whose host memory holds ~30 chunks, for a few seconds."""

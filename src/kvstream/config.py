@@ -124,6 +124,8 @@ class TierConfig:
 class StoreConfig:
     tiers: tuple[TierConfig, ...]
     memory_bytes: int = 1 << 30  # host-memory tier: clean cached chunks plus buffered writes
+    # Buffers kept for reads that land while host memory is full (None: memory_bytes; 0: map each afresh).
+    read_overflow_bytes: int | None = None
     router: str = "mitm"
     replication: str = "full"
     io_engine: str = "auto"
@@ -201,6 +203,9 @@ class StoreConfig:
                 raise ConfigError(f"tiers[{i}].name", f"duplicate tier name {t.name!r}")
         if self.memory_bytes < 1 << 20:
             raise ConfigError("memory_bytes", f"must be at least 1 MiB, got {self.memory_bytes}")
+        if self.read_overflow_bytes is not None and self.read_overflow_bytes < 0:
+            raise ConfigError("read_overflow_bytes", f"must be a size >= 0 (or null: memory_bytes), "
+                                                     f"got {self.read_overflow_bytes}")
         if self.chunk_bytes is not None:
             from kvstream.format import file_size
 
@@ -285,6 +290,11 @@ FIELD_DOCS: dict[str, str] = {
     "StoreConfig.tiers": "the directory tiers, fastest (node-local) first; each takes the per-tier keys below",
     "StoreConfig.memory_bytes": "the store's host-memory tier: clean cached chunks plus buffered writes "
                                 "(at least 1 MiB)",
+    "StoreConfig.read_overflow_bytes": "a read that lands while host memory is full (chunks pinned by callers or "
+                                       "not yet written) gets a buffer outside `memory_bytes`; up to this many "
+                                       "bytes of such buffers are kept and reused once their readers let go, "
+                                       "instead of mapping (and first touching) fresh memory for every such read. "
+                                       "Default (null): equal to `memory_bytes`; 0: keep none",
     "StoreConfig.router": "how a step's reads are split over tiers: `mitm` | `mitm:M` | `fixed:R` | `single:NAME`",
     "StoreConfig.replication": "which tiers get a copy of each chunk: `full` | `single` | `partial:F` | `lazy` | "
                                "`selective`. With `full` and a `shared` tier after the first, a chunk read without "
@@ -380,7 +390,7 @@ def _size_text(n: int) -> str:
     return f"{n} B"
 
 
-_SIZE_FIELDS = {"capacity_bytes", "memory_bytes", "chunk_bytes", "read_inflight_bytes", "write_inflight_bytes",
+_SIZE_FIELDS = {"capacity_bytes", "memory_bytes", "read_overflow_bytes", "chunk_bytes", "read_inflight_bytes", "write_inflight_bytes",
                 "write_backlog_bytes"}
 
 

@@ -86,6 +86,10 @@ _MEMORY_SERIES = {
     "capacity_bytes": ("memory_capacity_bytes", "Configured size of the host-memory tier", "gauge"),
     "chunks": ("memory_chunks", "Chunks the host-memory tier holds", "gauge"),
     "evictions": ("memory_evictions", "Chunks evicted from the host-memory tier", "counter"),
+    "overflow_buffers": ("memory_overflow_buffers", "Reads that landed outside the host-memory tier (it had no room)",
+                         "counter"),
+    "overflow_kept_bytes": ("memory_overflow_kept_bytes",
+                            "Host memory kept in spare buffers for such reads (at most read_overflow_bytes)", "gauge"),
 }
 
 

@@ -596,7 +596,7 @@ class Reader:
 
     def _keep(self, call: _Call, tag: _Tag, header: ChunkHeader, *, want_view: bool = False) -> memoryview | None:
         """A delivered read's buffer: cached in host memory if pooled (the view, made under the memory lock,
-        pins it), else handed over as a view (an overflow buffer lives as long as its view).
+        pins it), else handed over as a view (an overflow buffer goes back to its pool, reused once the view is gone).
 
         A key removed since the step began is not cached: the caller still gets the bytes (the read
         linearises before the remove), but the entry leaves host memory at once, its buffer pinned only by the
@@ -616,9 +616,11 @@ class Reader:
                 view.release()
                 return None
             return view
-        if not want_view:
-            return None
-        return buf.readonly(HEADER_BYTES, HEADER_BYTES + header.payload_len)
+        # An overflow buffer: the caller's view (if any) is its only holder; it goes back to the overflow pool
+        # now, parked there until that view is gone (never handed out while a view of it lives).
+        out = buf.readonly(HEADER_BYTES, HEADER_BYTES + header.payload_len) if want_view else None
+        self.store.memory.release(buf, False)
+        return out
 
     # -- helpers --------------------------------------------------------------------------------------------
     def _usable_tiers(self, now: float) -> list[int]:

@@ -90,6 +90,8 @@ class MemoryStats:
     hits: int  # chunks served from it
     evictions: int  # chunks evicted from it
     overflow_buffers: int  # unpooled buffers handed out when the pool had no room (never cached)
+    overflow_kept_bytes: int  # gauge: bytes of spare overflow buffers kept mapped (at most read_overflow_bytes)
+    overflow_reuses: int  # overflow buffers reused from those spares instead of mapped afresh
     buffer_allocations: int  # aligned buffers allocated
     buffer_reuses: int  # buffers reused from the pool
 

@@ -114,6 +114,14 @@ class Writer:
     def backlog(self, t: int) -> int:
         return self._write_backlog[t]
 
+    def write_busy_s(self, t: int) -> float:
+        """Seconds tier ``t`` has had copies handed to its writer and not finished, the current stretch included
+        (the tier's counter adds a stretch only when its backlog empties)."""
+        with self._writes_cv:
+            since = self._write_busy_since[t]
+            open_s = time.perf_counter() - since if since is not None else 0.0
+            return self.store.tiers[t].counters.write_busy_s + open_s
+
     def backlog_limit(self, t: int) -> int:
         return self._backlog_limit[t]
 

@@ -6,7 +6,13 @@ serves the memory hit, the O_DIRECT write and the read that filled it: nothing i
 
 Invariants:
 - bytes held (pool.allocated_bytes) never exceed ``capacity_bytes``; reads that need more than that get
-  unpooled buffers which are never cached (counted in ``overflow_buffers``).
+  unpooled buffers which are never cached (counted in ``overflow_buffers``). Those come from a second pool,
+  :attr:`HostMemoryTier.overflow_pool` (at most ``overflow_bytes``, kept mapped between uses), when it has room,
+  else are mapped afresh. Why a pool: a load larger than host memory's free room (chunks pinned by callers,
+  unwritten chunks) mapped a fresh buffer per chunk and the kernel zeroed and faulted every page of it on the
+  read path; on the project VM such loads ran the local disk at 0.8-0.9 GB/s against ~2 GB/s
+  (BENCHMARKS §3.2). The overflow pool follows the same rule as the main one: a buffer goes back to it when
+  its reader is done with it and is handed out again only once no view of it is alive.
 - a buffer returns to the pool only when its entry is evicted, and is reused only once no memoryview a caller
   got from it is alive (see kvstream.io.buffers) — so a caller never sees its bytes change.
 - a view handed to a reader is made *under this tier's lock*, while the entry is still cached (:meth:`pin`,
@@ -19,12 +25,13 @@ Invariants:
 from __future__ import annotations
 
 import threading
+import weakref
 from collections.abc import Hashable, Iterable
 from dataclasses import dataclass
 
 from kvstream.eviction import AccessMeta, EvictionPolicy, eviction_options, make_eviction_policy
 from kvstream.format import HEADER_BYTES, ChunkHeader
-from kvstream.io.buffers import AlignedBuffer, BufferPool
+from kvstream.io.buffers import ALIGN, AlignedBuffer, BufferPool
 
 __all__ = ["HostMemoryTier", "MemEntry"]
 
@@ -49,9 +56,12 @@ class MemEntry:
 
 
 class HostMemoryTier:
-    def __init__(self, capacity_bytes: int, eviction: str = "lru") -> None:
+    def __init__(self, capacity_bytes: int, eviction: str = "lru", *, overflow_bytes: int = 0) -> None:
         self.capacity_bytes = capacity_bytes
         self.pool = BufferPool(capacity_bytes)
+        # Spare buffers for reads host memory has no room for (module docstring); None: map each afresh.
+        self.overflow_pool = BufferPool(overflow_bytes) if overflow_bytes >= ALIGN else None
+        self._overflow_owned: weakref.WeakSet[AlignedBuffer] = weakref.WeakSet()  # handed out by overflow_pool
         self.policy: EvictionPolicy = make_eviction_policy(eviction, **eviction_options(eviction, capacity_bytes))
         self._entries: dict[bytes, MemEntry] = {}
         self._lock = threading.RLock()
@@ -119,16 +129,43 @@ class HostMemoryTier:
                     return None
 
     def allocate_or_overflow(self, nbytes: int) -> tuple[AlignedBuffer, bool]:
-        """A buffer for a read: pooled if possible, else an unpooled one. Returns (buffer, pooled)."""
+        """A buffer for a read: pooled if possible, else an unpooled one (a spare from the overflow pool if it has
+        one or room for one, else mapped afresh). Returns (buffer, pooled). Whoever ends up with an unpooled
+        buffer hands it to :meth:`release` with ``pooled=False`` when it is done (a view may still be alive: the
+        buffer is reused only after the view is gone)."""
         buf = self.allocate(nbytes)
         if buf is not None:
             return buf, True
-        self.overflow_buffers += 1
+        with self._lock:
+            self.overflow_buffers += 1
+            if self.overflow_pool is not None:
+                spare = self.overflow_pool.acquire(nbytes)
+                if spare is not None:
+                    self._overflow_owned.add(spare)
+                    return spare, False
         return AlignedBuffer(BufferPool.size_class(nbytes)), False
 
+    def prefault(self, nbytes: int) -> int:
+        """Map and touch the whole tier (and the overflow pool) in buffers of ``nbytes``' size class, so the
+        first loads do not pay for fresh pages (:meth:`BufferPool.prefault`). Returns the bytes made resident."""
+        done = self.pool.prefault(nbytes)
+        if self.overflow_pool is not None:
+            done += self.overflow_pool.prefault(nbytes)
+        return done
+
     def release(self, buf: AlignedBuffer, pooled: bool = True) -> None:
+        """Give back a buffer from :meth:`allocate` / :meth:`allocate_or_overflow`. An unpooled one goes back to
+        the overflow pool if it came from there (parked while a view of it lives), else it is simply dropped."""
         if pooled:
             self.pool.release(buf)
+            return
+        with self._lock:
+            spare = buf in self._overflow_owned
+            if spare:
+                self._overflow_owned.discard(buf)
+        if spare:
+            assert self.overflow_pool is not None
+            self.overflow_pool.release(buf)
 
     def insert(self, entry: MemEntry, *, dirty: bool, meta: AccessMeta | None = None) -> MemEntry:
         """Cache ``entry`` (its buffer must be pooled). If the key is already cached the new buffer is released
