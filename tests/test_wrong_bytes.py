@@ -142,6 +142,23 @@ def test_overflow_buffers_are_reused_only_after_their_views_are_gone(disk_tmp, e
             assert bytes(v) == payload(k), "a held view changed"
 
 
+def test_close_gives_host_memory_back_and_leaves_held_views_intact(disk_tmp):
+    """Closing forgets every pooled buffer at once (not when the garbage collector finds the store); a view a
+    caller still holds keeps its own buffer, unchanged."""
+    keys = keys_for(40, seed=5)
+    s = kvstream.open_store(cfg_for(disk_tmp, memory="1MiB", two=False))
+    put_all(s, keys)
+    s.evict_memory()
+    assert s.prefault_memory(CHUNK) > 0
+    held = [(keys[i], c.payload) for i, c in s.read_chunks(keys[:25]) if c is not None]
+    assert len(held) == 25 and s.memory.overflow_buffers > 0
+    s.close()
+    assert s.memory.pool.allocated_bytes == 0 and len(s.memory) == 0
+    assert s.memory.overflow_pool is not None and s.memory.overflow_pool.allocated_bytes == 0
+    for k, v in held:
+        assert bytes(v) == payload(k)
+
+
 def test_no_overflow_buffers_are_kept_with_read_overflow_bytes_0(disk_tmp):
     keys = keys_for(30, seed=4)
     with kvstream.open_store(cfg_for(disk_tmp, memory="1MiB", two=False, read_overflow_bytes=0)) as s:

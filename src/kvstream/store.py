@@ -251,6 +251,7 @@ class Store:
             if (err := self._close_tier(t)) is not None:
                 errors.append(err)
         self.owed.close()
+        self.memory.close()
         if stuck:
             log.warning("close: tier(s) %s still had I/O in flight after %.1f s (a stalled device?); their "
                         "unfinished copies are not written there, and their rings close once it completes",

@@ -409,6 +409,18 @@ class BufferPool:
             self.release(buf)
         return sum(b.capacity for b in got)
 
+    def clear(self) -> None:
+        """Forget every buffer the pool holds (free, never handed out, parked) and every slab: their memory goes
+        back to the OS as soon as nothing else refers to them. A buffer still in use or viewed lives on through
+        its holder's reference and is simply never taken back. For an owner that is closing."""
+        with self._lock:
+            self._free.clear()
+            self._fresh.clear()
+            self._parked.clear()
+            self._slabs.clear()
+            self._allocated_bytes = 0
+            self._in_use_bytes = 0
+
     def release(self, buf: AlignedBuffer) -> None:
         with self._lock:
             self._in_use_bytes -= buf.capacity

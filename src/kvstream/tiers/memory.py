@@ -153,6 +153,17 @@ class HostMemoryTier:
             done += self.overflow_pool.prefault(nbytes)
         return done
 
+    def close(self) -> None:
+        """Forget every entry and pooled buffer (the store is closing): host memory goes back to the OS now, not
+        whenever the garbage collector next finds the store (a replay opening one store per system held each
+        closed one's prefaulted 4 GiB until then). A buffer a caller still views, or an unfinished write still
+        uses, lives on through that reference."""
+        with self._lock:
+            self._entries.clear()  # the policy keeps only keys: left as it is
+            self.pool.clear()
+            if self.overflow_pool is not None:
+                self.overflow_pool.clear()
+
     def release(self, buf: AlignedBuffer, pooled: bool = True) -> None:
         """Give back a buffer from :meth:`allocate` / :meth:`allocate_or_overflow`. An unpooled one goes back to
         the overflow pool if it came from there (parked while a view of it lives), else it is simply dropped."""
