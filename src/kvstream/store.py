@@ -702,15 +702,21 @@ class Store:
     def prefault_memory(self, chunk_bytes: int) -> int:
         """Map and touch all of host memory (``memory_bytes`` and ``read_overflow_bytes``) now, in buffers for
         chunks of ``chunk_bytes`` payload bytes, as an engine that pins its host buffers at start does (LMCache
-        allocates its CPU buffer up front): the first large loads then reuse resident memory instead of the
+        allocates its CPU buffer up front); call it before the store is in use: the first large loads then reuse resident memory instead of the
         kernel faulting and zeroing fresh pages on the read path (on the project VM a 2.5 GB load that touched
         1.4 GB of fresh memory read the local disk at 0.8-1.0 GB/s against ~2 GB/s: BENCHMARKS §3.2). Costs
         that much resident memory from now on; returns the bytes made resident."""
         from kvstream.format import file_size
 
+        self._check_open()
         if chunk_bytes <= 0:
             raise ValueError(f"chunk_bytes must be positive, got {chunk_bytes}")
         return self.memory.prefault(file_size(chunk_bytes))
+
+    def write_busy_seconds(self) -> dict[str, float]:
+        """Per tier, seconds it has had copies handed to its writer and not finished, the stretch still open
+        included (``TierStats.write_busy_s`` without building the whole snapshot)."""
+        return {t.name: self._writer.write_busy_s(t.position) for t in self.tiers}
 
     def stats(self) -> StoreStats:
         """A snapshot of the counters for operators and benchmarks (:mod:`kvstream.stats`; ``.as_dict()`` for

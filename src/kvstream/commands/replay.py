@@ -233,7 +233,7 @@ class _LoadProbe:
         return getattr(self._store, name)
 
     def _counters(self) -> list[tuple[float, int, int, float]]:
-        writing = {name: ts.write_busy_s for name, ts in self._store.stats().tiers.items()}
+        writing = self._store.write_busy_seconds()
         return [(t.counters.read_busy_s, t.counters.read_bytes, t.counters.read_chunks, writing[t.name])
                 for t in self._store.tiers]
 
@@ -907,8 +907,9 @@ def _run(args: argparse.Namespace) -> int:
                       f"({100 * cc['ttft_difference']:+.1f} %): {'within' if cc['within_10_percent'] else 'NOT within'} 10 %")
             seen = cc.get("device_as_seen")
             if seen:
-                rates = ", ".join(f"{k} read {v:.2f} ({100 * seen['read_share_beside_writes'][k]:.0f} % of it beside "
-                                  f"its writes) / write {seen['write_gbps'][k]:.2f}"
+                rates = ", ".join(f"{k} read {v:.2f} (x{seen['read_share_beside_writes'][k]:.2f} beside its writes, "
+                                  f"{100 * seen['bytes_read_beside_writes'][k]:.0f} % of its bytes read there) / "
+                                  f"write {seen['write_gbps'][k]:.2f}"
                                   for k, v in seen["read_gbps"].items())
                 con.print(f"crosscheck, the devices as the replay's loads saw them ({rates} GB/s): read time per step "
                           f"{seen['read_time_per_step_s']:.4f} s ({100 * seen['difference']:+.1f} %), mean TTFT "

@@ -299,6 +299,7 @@ class BufferPool:
         self._slabs: list[_Slab] = []  # every slab mapped and not dropped
         self._allocated_bytes = 0  # every buffer (or whole slab) the pool created and has not dropped
         self._in_use_bytes = 0
+        self._closed = False  # after clear(): nothing handed out, nothing taken back
         self.allocations = 0  # buffers created (a flat count in a long run shows reuse works)
         self.reuses = 0
         self.slab_allocations = 0
@@ -331,6 +332,8 @@ class BufferPool:
     def acquire(self, n: int) -> AlignedBuffer | None:
         cls = self.size_class(n)
         with self._lock:
+            if self._closed:
+                return None
             self._unpark_locked()
             free = self._free.get(cls)
             while free:
@@ -398,7 +401,8 @@ class BufferPool:
 
     def prefault(self, n: int) -> int:
         """Fill the pool's free room with buffers of ``n`` bytes' size class, every page touched, and put them
-        in the free list; returns the bytes that took. What an engine that pins its host buffers at start gets:
+        in the free list; returns the bytes that took. Call it before the pool is in use: it briefly holds all
+        free room. What an engine that pins its host buffers at start gets:
         later reads and puts reuse resident memory instead of having the kernel fault and zero fresh pages on
         the I/O path."""
         got: list[AlignedBuffer] = []
@@ -410,10 +414,13 @@ class BufferPool:
         return sum(b.capacity for b in got)
 
     def clear(self) -> None:
-        """Forget every buffer the pool holds (free, never handed out, parked) and every slab: their memory goes
-        back to the OS as soon as nothing else refers to them. A buffer still in use or viewed lives on through
-        its holder's reference and is simply never taken back. For an owner that is closing."""
+        """Forget every buffer the pool holds (free, never handed out, parked) and every slab, and close the pool:
+        their memory goes back to the OS as soon as nothing else refers to them. A buffer still in use or viewed
+        lives on through its holder's reference; when it is released later it is dropped, not taken back, and
+        :meth:`acquire` hands out nothing more. For an owner that is closing. (A slab's slot that is still viewed
+        keeps its whole slab mapped until that view goes.)"""
         with self._lock:
+            self._closed = True
             self._free.clear()
             self._fresh.clear()
             self._parked.clear()
@@ -423,6 +430,8 @@ class BufferPool:
 
     def release(self, buf: AlignedBuffer) -> None:
         with self._lock:
+            if self._closed:
+                return  # dropped: its memory goes once its last holder does
             self._in_use_bytes -= buf.capacity
             if buf.exported():
                 self._parked.append(buf)

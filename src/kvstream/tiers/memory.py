@@ -13,8 +13,9 @@ Invariants:
   read path; on the project VM such loads ran the local disk at 0.8-0.9 GB/s against ~2 GB/s
   (BENCHMARKS §3.2). The overflow pool follows the same rule as the main one: a buffer goes back to it when
   its reader is done with it and is handed out again only once no view of it is alive.
-- a buffer returns to the pool only when its entry is evicted, and is reused only once no memoryview a caller
-  got from it is alive (see kvstream.io.buffers) — so a caller never sees its bytes change.
+- a cached entry's buffer returns to the pool only when the entry is evicted (a read's buffer when the read is
+  released; an overflow buffer when its reader is done), and any buffer is reused only once no memoryview a
+  caller got from it is alive (see kvstream.io.buffers) — so a caller never sees its bytes change.
 - a view handed to a reader is made *under this tier's lock*, while the entry is still cached (:meth:`pin`,
   :meth:`insert_pinned`): the view is the pin. An entry found earlier and viewed later could have been evicted
   and its buffer reused in between (another thread's put, or the step's own reads taking buffers), and the
@@ -62,6 +63,7 @@ class HostMemoryTier:
         # Spare buffers for reads host memory has no room for (module docstring); None: map each afresh.
         self.overflow_pool = BufferPool(overflow_bytes) if overflow_bytes >= ALIGN else None
         self._overflow_owned: weakref.WeakSet[AlignedBuffer] = weakref.WeakSet()  # handed out by overflow_pool
+        self._eviction = eviction
         self.policy: EvictionPolicy = make_eviction_policy(eviction, **eviction_options(eviction, capacity_bytes))
         self._entries: dict[bytes, MemEntry] = {}
         self._lock = threading.RLock()
@@ -136,13 +138,13 @@ class HostMemoryTier:
         buf = self.allocate(nbytes)
         if buf is not None:
             return buf, True
+        # Outside this tier's lock: mapping a new spare must not hold up hits and puts (the pool has its own).
+        spare = self.overflow_pool.acquire(nbytes) if self.overflow_pool is not None else None
         with self._lock:
             self.overflow_buffers += 1
-            if self.overflow_pool is not None:
-                spare = self.overflow_pool.acquire(nbytes)
-                if spare is not None:
-                    self._overflow_owned.add(spare)
-                    return spare, False
+            if spare is not None:
+                self._overflow_owned.add(spare)
+                return spare, False
         return AlignedBuffer(BufferPool.size_class(nbytes)), False
 
     def prefault(self, nbytes: int) -> int:
@@ -159,7 +161,9 @@ class HostMemoryTier:
         closed one's prefaulted 4 GiB until then). A buffer a caller still views, or an unfinished write still
         uses, lives on through that reference."""
         with self._lock:
-            self._entries.clear()  # the policy keeps only keys: left as it is
+            self._entries.clear()
+            self.policy = make_eviction_policy(self._eviction,
+                                               **eviction_options(self._eviction, self.capacity_bytes))
             self.pool.clear()
             if self.overflow_pool is not None:
                 self.overflow_pool.clear()
