@@ -10,7 +10,7 @@ Invariants:
   :attr:`HostMemoryTier.overflow_pool` (at most ``overflow_bytes``, kept mapped between uses), when it has room,
   else are mapped afresh. Why a pool: a load larger than host memory's free room (chunks pinned by callers,
   unwritten chunks) mapped a fresh buffer per chunk and the kernel zeroed and faulted every page of it on the
-  read path; on the project VM such loads ran the local disk at 0.8-0.9 GB/s against ~2 GB/s
+  read path; on the project VM such loads ran the local disk at 0.8-1.0 GB/s against ~2 GB/s
   (BENCHMARKS §3.2). The overflow pool follows the same rule as the main one: a buffer goes back to it when
   its reader is done with it and is handed out again only once no view of it is alive.
 - a cached entry's buffer returns to the pool only when the entry is evicted (a read's buffer when the read is
