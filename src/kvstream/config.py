@@ -390,8 +390,8 @@ def _size_text(n: int) -> str:
     return f"{n} B"
 
 
-_SIZE_FIELDS = {"capacity_bytes", "memory_bytes", "read_overflow_bytes", "chunk_bytes", "read_inflight_bytes", "write_inflight_bytes",
-                "write_backlog_bytes"}
+_SIZE_FIELDS = {"capacity_bytes", "memory_bytes", "read_overflow_bytes", "chunk_bytes", "read_inflight_bytes",
+                "write_inflight_bytes", "write_backlog_bytes"}
 
 
 def _coerce(cls: type, key: str, value: Any, field_name: str) -> Any:

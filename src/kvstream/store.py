@@ -702,10 +702,10 @@ class Store:
     def prefault_memory(self, chunk_bytes: int) -> int:
         """Map and touch all of host memory (``memory_bytes`` and ``read_overflow_bytes``) now, in buffers for
         chunks of ``chunk_bytes`` payload bytes, as an engine that pins its host buffers at start does (LMCache
-        allocates its CPU buffer up front); call it before the store is in use: the first large loads then reuse resident memory instead of the
-        kernel faulting and zeroing fresh pages on the read path (on the project VM a 2.5 GB load that touched
-        1.4 GB of fresh memory read the local disk at 0.8-1.0 GB/s against ~2 GB/s: BENCHMARKS §3.2). Costs
-        that much resident memory from now on; returns the bytes made resident."""
+        allocates its CPU buffer up front); call it before the store is in use. The first large loads then reuse
+        resident memory instead of the kernel faulting and zeroing fresh pages on the read path (on the project
+        VM a 2.5 GB load that touched 1.4 GB of fresh memory read the local disk at 0.8-1.0 GB/s against ~2 GB/s:
+        BENCHMARKS §3.2). Costs that much resident memory from now on; returns the bytes made resident."""
         from kvstream.format import file_size
 
         self._check_open()

@@ -217,16 +217,14 @@ def _system(name: str) -> dict[str, Any]:
 
 class _LoadProbe:
     """``--crosscheck`` only: the store as the replay backend sees it, recording each load's read
-    (``read_chunks`` call) that reached a disk tier: its start (seconds since the probe was made) and wall seconds
-    and, per tier, the busy seconds (time with a read in flight), bytes and chunks its step added to the tier's
-    counters, and the seconds of the load during which the tier had copies being written (``write_s``: what
+    (``read_chunks`` call) that reached a disk tier: its wall seconds and, per tier, the busy seconds (time with a
+    read in flight), bytes and chunks its step added to the tier's counters, and the seconds of the load during which the tier had copies being written (``write_s``: what
     :func:`device_as_seen` separates the tier's read rate beside its writes from its rate without them by). A
     catch-up read step ending during a load is counted in that load (the two share the tier anyway). Everything
     else goes to the store."""
 
     def __init__(self, store: Any) -> None:
         self._store = store
-        self._t0 = time.perf_counter()
         self.loads: list[dict[str, Any]] = []
 
     def __getattr__(self, name: str) -> Any:
@@ -246,7 +244,7 @@ class _LoadProbe:
             dur = time.perf_counter() - t0
             c1 = self._counters()
             if any(b[1] > a[1] for a, b in zip(c0, c1)):
-                self.loads.append({"at": t0 - self._t0, "s": dur, "busy_s": [b[0] - a[0] for a, b in zip(c0, c1)],
+                self.loads.append({"s": dur, "busy_s": [b[0] - a[0] for a, b in zip(c0, c1)],
                                    "bytes": [b[1] - a[1] for a, b in zip(c0, c1)],
                                    "chunks": [b[2] - a[2] for a, b in zip(c0, c1)],
                                    "write_s": [b[3] - a[3] for a, b in zip(c0, c1)]})
@@ -717,9 +715,9 @@ def _crosscheck(reqs: list[Any], results: list[dict[str, Any]], args: argparse.N
 
     Two models run. *Predicted*: each tier's bandwidth as measured through the store alone (and while writing) by
     :func:`_measure_tiers`, before the systems ran: the simulator as a user would run it. *Device as the replay saw
-    it*: each tier's read bandwidth set to what the replay's own loads got from it (bytes over the time the tier
-    had a read in flight during loads), which takes the device's in-run speed out of the comparison and leaves the
-    mechanisms (which steps read, the tier split, windows, checks, the backlog valve, the scheduler's queueing):
+    it*: each tier's read rates as the replay's own loads got them, without and beside its writes
+    (:func:`device_as_seen`), and its write rate as its writers got it, which takes the device's in-run speed out
+    of the comparison and leaves the mechanisms (which steps read, the tier split, windows, checks, the backlog valve, the scheduler's queueing):
     the local disk of this VM is slower during the replay than in the probe by a varying amount the model cannot
     know of (BENCHMARKS §3.2)."""
     real = next((r for r in results if r["system"] == "kvstream-only"), None)

@@ -402,9 +402,8 @@ class BufferPool:
     def prefault(self, n: int) -> int:
         """Fill the pool's free room with buffers of ``n`` bytes' size class, every page touched, and put them
         in the free list; returns the bytes that took. Call it before the pool is in use: it briefly holds all
-        free room. What an engine that pins its host buffers at start gets:
-        later reads and puts reuse resident memory instead of having the kernel fault and zero fresh pages on
-        the I/O path."""
+        free room. What an engine that pins its host buffers at start gets: later reads and puts reuse resident
+        memory instead of having the kernel fault and zero fresh pages on the I/O path."""
         got: list[AlignedBuffer] = []
         while (buf := self.acquire(n)) is not None:
             ctypes.memset(buf.address, 0, buf.capacity)
