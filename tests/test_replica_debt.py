@@ -129,3 +129,48 @@ def test_a_read_back_waits_while_a_serving_read_step_is_in_flight(disk_tmp):
         s.evict_memory()
         assert cu.round() == 1 and cu.reads == 3  # no step in flight: read back at once
         assert s.stats().catch_up_reads_deferred == 2
+
+
+def test_the_policy_pays_debts_still_in_host_memory_first_newest_first():
+    from kvstream.replica_debt import CatchUpPolicy
+
+    pol = CatchUpPolicy()
+    owed = [f"k{i}" for i in range(40)]  # oldest first
+    resident = {"k39", "k37", "k2"}
+    picked = pol.select(owed[:pol.batch], owed[::-1][:pol.batch], resident.__contains__)
+    # k2 is among the oldest but not among the newest batch: it is paid in the oldest-first part, in order
+    assert picked[:2] == ["k39", "k37"]
+    assert picked[2:] == [k for k in owed[:pol.batch] if k not in ("k39", "k37")][: pol.batch - 2]
+    assert len(picked) == pol.batch and len(set(picked)) == len(picked)
+    assert pol.select([], [], resident.__contains__) == []
+
+
+def test_a_round_copies_owed_chunks_from_host_memory_before_reading_any_back(disk_tmp):
+    # Issue 20: debts whose chunks are still in host memory are paid from there, before older debts whose chunks
+    # left memory (those cost a read-back from the tier that serves the loads). Oldest-first, the batch would have
+    # been the evicted ones and every copy a read-back.
+    data = chunks(24)
+    keys = list(data)
+    with kvstream.open_store(config(disk_tmp, memory_bytes="8MiB")) as s:
+        s._catch_up.stop()  # rounds run by hand below
+        s._catch_up._stop.clear()
+        for k, v in data.items():
+            s.put(k, v, tiers=["local"])
+        s.flush()
+        assert s.drain(10)
+        s.evict_memory()
+        old, new, other = keys[:18], keys[18:22], keys[22:]
+        for k in old:
+            s.owed.owe("shared", k)  # oldest debts: their chunks are no longer in host memory
+        s.get_many(new)  # the newest debts' chunks are read back into memory by a serving read
+        for k in new:
+            s.owed.owe("shared", k)
+        assert all(s.memory.peek(k) is not None for k in new)
+        cu = s._catch_up
+        serving = s.read_chunks(other)
+        next(serving)  # a serving step in flight: read-backs wait, copies from memory do not
+        assert cu.round() == len(new) and cu.reads == 0
+        list(serving)
+        assert s.drain(10)
+        assert all(s.tiers[1].contains(k) for k in new)
+        assert s.stats().tiers["shared"].replicas_owed == len(old)

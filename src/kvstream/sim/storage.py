@@ -516,15 +516,18 @@ class SimStorage:
 
     def _catch_up(self) -> None:
         """One pass of the store's catch-up (``CatchUp.round``, by the same :class:`CatchUpPolicy`): per tier with
-        debts and a backlog below half its limit, up to ``batch`` of the oldest debts; reads back run one after
-        another."""
+        debts and a backlog below half its limit, up to ``batch`` debts in the policy's order (those in host
+        memory first); reads back run one after another."""
         self._catch_up_due = False
         if not self._catch_up_busy:
             work: list[tuple[int, Hashable]] = []
             for t, tier in enumerate(self.tiers):
                 if not self._owed[t] or not CatchUpPolicy.tier_ready(True, tier.backlog_bytes, self.backlog_limit[t]):
                     continue
-                work.extend((t, c) for c in list(self._owed[t])[:self.catch_up.batch])
+                owed = list(self._owed[t])
+                work.extend((t, c) for c in self.catch_up.select(owed[:self.catch_up.batch],
+                                                                 owed[::-1][:self.catch_up.batch],
+                                                                 self._host.__contains__))
             self._catch_up_next(work)
         if any(self._owed) and not self._catch_up_due:
             self._catch_up_due = True
