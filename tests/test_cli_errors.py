@@ -256,7 +256,7 @@ def test_replay_without_matplotlib_writes_json_and_names_the_extra(disk_tmp: Pat
     monkeypatch.setattr(_common, "have", lambda module: module != "matplotlib")
     out_dir = disk_tmp / "out"
     rc = main(["replay", "--preset", "agent-small", "--requests", "3", "--model", "qwen2.5-0.5b", "--memory", "32MiB", "--gpu-kv", "8MiB",
-               "--tier-capacity", "256MiB", "--speed", "8", "--systems", "kvstream", "--out", str(out_dir)])
+               "--tier-capacity", "256MiB", "--speed", "8", "--systems", "kvstream", "--rounds", "1", "--out", str(out_dir)])
     out, err = capsys.readouterr()
     assert rc == 0
     rep = json.loads((out_dir / "replay.json").read_text())

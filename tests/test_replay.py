@@ -12,24 +12,40 @@ from kvstream.cli import build_parser
 def _args(tmp_path, *extra):
     return build_parser().parse_args([
         "replay", "--preset", "agent-small", "--requests", "8", "--model", "qwen2.5-0.5b", "--memory", "32MiB", "--gpu-kv", "8MiB",
-        "--tier-capacity", "256MiB", "--speed", "4", "--out", str(tmp_path / "out"), "--json", *extra,
+        "--tier-capacity", "256MiB", "--speed", "4", "--out", str(tmp_path / "out"), "--json", "--rounds", "1", *extra,
     ])
 
 
 def test_replay_runs_systems_side_by_side(tmp_path, capsys):
-    args = _args(tmp_path, "--systems", "kvstream,lmcache-like")
+    args = _args(tmp_path, "--systems", "kvstream,lmcache-like", "--rounds", "2")
     assert args.handler(args) == 0
     rep = json.loads(capsys.readouterr().out)
     assert [r["system"] for r in rep["results"]] == ["kvstream", "lmcache-like"]
+    # two rounds, the order rotated, each with its own tier probe and machine load
+    assert [rd["order"] for rd in rep["rounds"]] == [["kvstream", "lmcache-like"], ["lmcache-like", "kvstream"]]
+    assert all(rd["machine"]["seconds"] > 0 for rd in rep["rounds"])
     for r in rep["results"]:
-        s = r["summary"]
-        assert s["completed"] == 8
-        # --speed 4: every time is on the compressed clock (a TTFT or queueing time is never negative)
-        assert s["ttft_mean_s"] > 0 and s["ttft_p50_s"] > 0 and s["queue_mean_s"] >= 0
-        # per-load GB/s beside the bound of the same run: the sum of the measured bandwidths of its tiers
-        tiers = ("local", "shared") if r["system"] == "kvstream" else ("local",)
-        assert s["load_bound_gbps"] == pytest.approx(sum(rep["measured_read_gbps"][t] for t in tiers))
-        assert s["load_gbps"] >= 0 and (s["load_of_bound"] == pytest.approx(s["load_gbps"] / s["load_bound_gbps"]))
+        assert len(r["rounds"]) == 2
+        for k, run in enumerate(r["rounds"]):
+            s = run["summary"]
+            assert s["completed"] == 8
+            # --speed 4: every time is on the compressed clock (a TTFT or queueing time is never negative)
+            assert s["ttft_mean_s"] > 0 and s["ttft_p50_s"] > 0 and s["queue_mean_s"] >= 0
+            # per-load GB/s beside the bound of the same round: the sum of the measured bandwidths of its tiers
+            tiers = ("local", "shared") if r["system"] == "kvstream" else ("local",)
+            measured = rep["rounds"][k]["measured_read_gbps"]
+            assert s["load_bound_gbps"] == pytest.approx(sum(measured[t] for t in tiers))
+            assert s["load_gbps"] >= 0 and (s["load_of_bound"] == pytest.approx(s["load_gbps"] / s["load_bound_gbps"]))
+        # the row is the median over the rounds
+        means = sorted(run["summary"]["ttft_mean_s"] for run in r["rounds"])
+        assert r["summary"]["ttft_mean_s"] == pytest.approx(sum(means) / 2)
+    # one verdict per pair, for the mean and the P99, with an interval around the measured ratio
+    (v,) = rep["verdicts"]
+    assert (v["system"], v["against"]) == ("kvstream", "lmcache-like")
+    for stat in ("mean", "p99"):
+        assert v[stat]["low"] <= v[stat]["ratio"] <= v[stat]["high"] or v[stat]["verdict"] != "level"
+        assert v[stat]["verdict"] in ("ahead", "level", "behind") and v[stat]["rounds"] == 2
+        assert v[stat]["requests"] == 8
     # both tiers under --out share a device: replay says so and labels the emulated shared tier
     assert rep["shared_tier"] == "emulated"
     assert any("SAME device" in n for n in rep["notes"])
@@ -40,8 +56,9 @@ def test_replay_runs_systems_side_by_side(tmp_path, capsys):
     # bandwidths (partial:F, or full when the shared tier is at least half as fast); lmcache-like has one copy
     from kvstream.replication import partial_fraction
 
-    f = partial_fraction([rep["measured_read_gbps"]["local"], rep["measured_read_gbps"]["shared"]])
-    assert rep["results"][0]["replication"] == ("full" if f >= 1.0 else f"partial:{f:.2f}")
+    last = rep["rounds"][-1]["measured_read_gbps"]
+    f = partial_fraction([last["local"], last["shared"]])
+    assert rep["results"][0]["rounds"][-1]["replication"] == ("full" if f >= 1.0 else f"partial:{f:.2f}")
     assert rep["results"][1]["replication"] == "single"
     # about 1 + F copies per chunk (evenly spread by position; short prompts round), less the second copies
     # the slow (emulated) shared tier's write backlog made the store skip

@@ -49,6 +49,7 @@ import json
 import math
 import os
 import shutil
+import statistics
 import sys
 import tempfile
 import time
@@ -60,10 +61,21 @@ from kvstream.errors import UsageError
 __all__ = ["register", "run_replay", "SYSTEMS", "disk_warning"]
 
 SYSTEMS = ("kvstream", "kvstream-only", "kvstream+compute", "bidaw-only", "lmcache-like")
+# The default comparison: the full system and its ablations, two tiers or one x Bidaw's scheduling or FCFS. Each
+# runs --rounds times (about a minute a run), so the default stays within `make demo`'s ten minutes.
+DEFAULT_SYSTEMS = ("kvstream", "kvstream-only", "bidaw-only", "lmcache-like")
 # The other baselines of compute joins the meet-in-the-middle (kvstream.compute), by name only:
 # ``--systems kvstream+compute,kvstream-only,recompute-only,load-only`` is that comparison.
 COMPUTE_SYSTEMS = ("recompute-only", "load-only")
 ALL_SYSTEMS = SYSTEMS + COMPUTE_SYSTEMS
+REFERENCE = "kvstream"  # every other system is compared with it (a verdict per pair)
+# Also compared, when both run: two tiers against one with the scheduling held equal (FCFS, LRU).
+EXTRA_PAIRS = (("kvstream-only", "lmcache-like"),)
+# An emulated shared tier reads and writes at the local tier's measured read bandwidth over this (unless
+# --emulate-gbps): the ratio of TESTBED.md's recipe (a 1.2 GB/s disk beside a 0.4 GB/s tier) and of the KVStream
+# paper's testbeds (NVMe 2.2x and 3.2x the parallel file system). A fixed 0.4 GB/s beside this VM's 3 GB/s disk
+# offered 13 % more bandwidth, less than the disk's own run-to-run variation.
+EMULATE_RATIO = 3.0
 
 DEFAULT_PRESET = "agent-long"
 # The model, GPU and memory sizes a workload is replayed with, unless --model/--gpu/--tp/--memory/--gpu-kv/
@@ -115,8 +127,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--tier", action="append", default=[], metavar="NAME=PATH",
                    help="a tier folder (give two: local first, then shared); default: folders under --out")
     p.add_argument("--out", default="kvstream-out", help="folder for tiers (unless --tier) and results")
-    p.add_argument("--systems", default=",".join(SYSTEMS),
-                   help=f"comma-separated subset of {', '.join(ALL_SYSTEMS)} (default: {', '.join(SYSTEMS)})")
+    p.add_argument("--systems", default=",".join(DEFAULT_SYSTEMS),
+                   help=f"comma-separated subset of {', '.join(ALL_SYSTEMS)} (default: {', '.join(DEFAULT_SYSTEMS)})")
+    p.add_argument("--rounds", type=positive_int, default=3,
+                   help="run every system this many times, interleaved, the order rotated each round; the table "
+                        "gives medians over rounds and, for each system against kvstream, the ratio of mean and P99 "
+                        "TTFT with a bootstrap 95 %% interval and a verdict (ahead / level / behind) (default: 3)")
     long_, small = SETUPS[DEFAULT_PRESET], SETUPS["agent-small"]
 
     def dflt(key: str) -> str:
@@ -134,7 +150,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         + dflt("gpu_kv"))
     p.add_argument("--tier-capacity", type=size_text, default=None,
                    help=f"capacity of each disk tier {dflt('tier_capacity')}")
-    p.add_argument("--emulate-gbps", type=positive_float, default=0.4, help="bandwidth of an emulated shared tier, GB/s")
+    p.add_argument("--emulate-gbps", type=positive_float, default=None,
+                   help=f"bandwidth of an emulated shared tier, GB/s (default: the local tier's read bandwidth measured "
+                        f"at the start over {EMULATE_RATIO:g}, the ratio of the papers' testbeds)")
     p.add_argument("--no-emulate", action="store_true", help="keep both tiers on their device even if it is the same")
     p.add_argument("--slo", type=positive_float, default=1.0, help="TTFT target for SLO attainment, seconds")
     p.add_argument("--crosscheck", action="store_true",
@@ -251,7 +269,8 @@ class _LoadProbe:
 
 
 def _run_one(name: str, reqs: list[Any], tiers: list[tuple[str, Path]], args: argparse.Namespace, *,
-             emulated: bool, progress: Any, cost: Any, measured: dict[str, dict[str, float]]) -> dict[str, Any]:
+             emulated: bool, progress: Any, cost: Any, measured: dict[str, dict[str, float]],
+             label: str | None = None) -> dict[str, Any]:
     from kvstream.config import parse_size
     from kvstream.io import make_engine
     from kvstream.serving.core import ServingCore
@@ -288,7 +307,7 @@ def _run_one(name: str, reqs: list[Any], tiers: list[tuple[str, Path]], args: ar
     # Host memory resident before the first request, as a serving engine's pinned buffers are (Store.
     # prefault_memory): otherwise the run's largest load pays for first touching fresh memory.
     store.prefault_memory(chunk_bytes)
-    probe = _LoadProbe(store) if args.crosscheck and name == "kvstream-only" else None
+    probe = _LoadProbe(store)
     compute = None
     if sysd.get("compute"):
         from kvstream.compute import ComputePolicy
@@ -305,16 +324,20 @@ def _run_one(name: str, reqs: list[Any], tiers: list[tuple[str, Path]], args: ar
         # prefetched KV waits in staging buffers of the same size as the host-memory tier's half
         prefetch_budget_chunks=max(mem // chunk_bytes // 2, 1) if sysd["serving"].prefetch != "none" else None)
     core = ServingCore(cost, backend.lookup, serving, chunk_bytes=chunk_bytes, compute=compute)
-    task = progress.add_task(f"{name:14s}", total=len(reqs)) if progress is not None else None
+    task = progress.add_task(f"{label or name:17s}", total=len(reqs)) if progress is not None else None
     drv = RealtimeDriver(core, backend, reqs, speed=args.speed,
                          on_progress=(lambda done, n: progress.update(task, completed=done)) if progress else None)
     t0 = time.perf_counter()
+    from kvstream.io.cpuprobe import ThreadCpuMeter
+
+    meter = ThreadCpuMeter().start()
     try:
         drv.run()
         backend.sync()
         store.flush()
         store.drain(timeout=60)
         stats = store.stats()
+        thread_cpu = meter.stop()
         # What the crosscheck's model must be given to run the store's read and write rules (_crosscheck).
         store_model = {
             "read_windows": store.config.read_windows,
@@ -348,6 +371,7 @@ def _run_one(name: str, reqs: list[Any], tiers: list[tuple[str, Path]], args: ar
     return {
         "system": name, "replication": cfg["replication"], "wall_s": wall, "summary": s,
         "ttfts": sorted(r.ttft for r in core.metrics.requests if not math.isnan(r.first_token)),
+        "ttft_by_request": _ttft_by_request(core.metrics.requests, reqs),
         "tier_series": core.metrics.tier_series, "lag_s": drv.lag_s,
         "tier_gbps": {k: v.read_gbps for k, v in stats.tiers.items()},
         "tier_stats": {k: {kk: getattr(v, kk) for kk in ("read_bytes", "read_busy_s", "write_bytes", "write_busy_s",
@@ -358,7 +382,9 @@ def _run_one(name: str, reqs: list[Any], tiers: list[tuple[str, Path]], args: ar
                        for k, v in stats.tiers.items()},
         "verify_s_per_chunk": stats.verify_seconds / max(stats.disk_hits, 1),
         "store_model": store_model,
-        "load_steps": probe.loads if probe is not None else [],
+        "load_steps": probe.loads,
+        "thread_cpu": {k: {"cpu_s": v.cpu_s, "runq_s": v.runq_s} for k, v in sorted(thread_cpu.items())},
+        "gil_wait_share": meter.gil_wait_share,
         "store_counters": {"verify_seconds": stats.verify_seconds, "disk_hits": stats.disk_hits,
                            "read_steps": stats.read_steps, "catch_up_reads": stats.catch_up_reads,
                            "catch_up_copies": stats.catch_up_copies},
@@ -366,6 +392,20 @@ def _run_one(name: str, reqs: list[Any], tiers: list[tuple[str, Path]], args: ar
         "steps_read_s": [st.load_s for st in core.metrics.steps if st.load_s > 0],
         "step_read_bytes": [st.load_bytes for st in core.metrics.steps if st.load_s > 0],
     }
+
+
+def _ttft_by_request(records: list[Any], reqs: list[Any]) -> list[float]:
+    """Each request's TTFT in the workload's order (what the verdicts pair across systems and rounds). A request
+    that got no first token counts from its arrival to the run's last first token: a lower bound, never a gain."""
+    by_id = {r.request_id: r for r in records}
+    served = [r.first_token for r in records if not math.isnan(r.first_token)]
+    end = max(served, default=0.0)
+    out = []
+    for q in reqs:
+        r = by_id.get(q.request_id)
+        out.append(r.ttft if r is not None and not math.isnan(r.first_token)
+                   else max(end - (r.arrival if r is not None else q.arrival), 0.0))
+    return out
 
 
 # -- the command ----------------------------------------------------------------------------------------------
@@ -417,37 +457,60 @@ def run_replay(args: argparse.Namespace) -> dict[str, Any]:
             shm_dir.with_name(shm_dir.name + ".pid").write_text(str(os.getpid()))
             tiers[1] = (tiers[1][0], shm_dir)
             emulated = True
-            notes.append(f"Using an EMULATED shared tier instead: a RAM-backed folder ({shm_dir}) throttled to "
-                         f"{args.emulate_gbps} GB/s. Its bandwidth is set, not measured; pass --no-emulate to keep "
-                         "both tiers on the one device, or --tier NAME=PATH for real mounts.")
-    for note in notes:
-        print(f"replay: {note}", file=sys.stderr)
+            notes.append(f"Using an EMULATED shared tier instead: a RAM-backed folder ({shm_dir}) throttled to a set "
+                         "bandwidth. Its bandwidth is set, not measured; pass --no-emulate to keep both tiers on the "
+                         "one device, or --tier NAME=PATH for real mounts.")
     print(f"replay: {wl_desc}; {cost.model.name} on {args.tp}x {cost.gpu.name} (modelled), "
           f"{cost.model.chunk_bytes() / 2**20:.0f} MiB chunks, GPU KV {args.gpu_kv}, host memory {args.memory}; "
           f"arrivals x{args.speed}", file=sys.stderr)
-    results = []
+    rounds: list[dict[str, Any]] = []
+    runs: dict[str, list[dict[str, Any]]] = {n: [] for n in names}
+    report_cc = None
     try:
-        # The bound every row's load speed is compared with: each tier read alone through the store.
-        measured = _measure_tiers(tiers, args, cost, emulated, mixed=args.crosscheck)
-        print("replay: measured read bandwidth, each tier alone: " + ", ".join(
-            f"{k} {v['read_bw'] / 1e9:.2f} GB/s" for k, v in measured.items())
-            + f" (bound of both: {sum(v['read_bw'] for v in measured.values()) / 1e9:.2f} GB/s)", file=sys.stderr)
+        if emulated and args.emulate_gbps is None:
+            # The emulated tier's bandwidth follows the local tier's, at the papers' ratio (EMULATE_RATIO).
+            local = _measure_tiers(tiers[:1], args, cost, emulated, mixed=False)[tiers[0][0]]["read_bw"]
+            args.emulate_gbps = round(local / EMULATE_RATIO / 1e9, 3)
+            notes.append(f"The emulated tier's bandwidth, {args.emulate_gbps} GB/s, is the local tier's read "
+                         f"bandwidth measured at the start ({local / 1e9:.2f} GB/s) over {EMULATE_RATIO:g}, the ratio "
+                         "of the papers' testbeds; --emulate-gbps sets it.")
+        for note in notes:
+            print(f"replay: {note}", file=sys.stderr)
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
         from kvstream.commands._common import console
+        from kvstream.io.cpuprobe import MachineLoad
 
         with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                       transient=False, disable=args.json, console=console(stderr=True)) as progress:
-            for n in names:
-                results.append(_run_one(n, reqs, tiers, args, emulated=emulated, progress=progress, cost=cost,
-                                        measured=measured))
-        report_cc = _crosscheck(reqs, results, args, cost, emulated, measured) if args.crosscheck else None
+            for rnd in range(args.rounds):
+                # Each round measures the tiers afresh (the bound its rows are compared with: each tier read alone
+                # through the store) and runs every system once, the order rotated so that no system always runs
+                # first, or right after the same neighbour.
+                order = names[rnd % len(names):] + names[:rnd % len(names)]
+                load = MachineLoad().start()
+                measured = _measure_tiers(tiers, args, cost, emulated, mixed=args.crosscheck)
+                print(f"replay: round {rnd + 1}/{args.rounds}: measured read bandwidth, each tier alone: " + ", ".join(
+                    f"{k} {v['read_bw'] / 1e9:.2f} GB/s" for k, v in measured.items())
+                    + f" (bound of both: {sum(v['read_bw'] for v in measured.values()) / 1e9:.2f} GB/s)", file=sys.stderr)
+                for n in order:
+                    r = _run_one(n, reqs, tiers, args, emulated=emulated, progress=progress, cost=cost,
+                                 measured=measured, label=f"{n} r{rnd + 1}" if args.rounds > 1 else n)
+                    r["round"] = rnd
+                    runs[n].append(r)
+                rounds.append({"round": rnd, "order": order, "measured_read_gbps": {
+                    k: v["read_bw"] / 1e9 for k, v in measured.items()}, "machine": load.stop()})
+        if args.crosscheck and runs.get("kvstream-only"):
+            last = runs["kvstream-only"][-1]
+            report_cc = _crosscheck(reqs, [last], args, cost, emulated, measured)
     finally:
         if shm_dir is not None:
             shutil.rmtree(shm_dir, ignore_errors=True)
             shm_dir.with_name(shm_dir.name + ".pid").unlink(missing_ok=True)
         if ours and not args.keep:
             shutil.rmtree(out / "tiers", ignore_errors=True)
+    results = [_merge_rounds(runs[n]) for n in names]
+    verdicts = compare_systems(runs, names)
     warning = disk_warning(results, args)
     if warning:
         print(f"replay: warning: {warning}", file=sys.stderr)
@@ -460,10 +523,13 @@ def run_replay(args: argparse.Namespace) -> dict[str, Any]:
         "chunk_bytes": cost.model.chunk_bytes(), "gpu_kv": args.gpu_kv, "memory": args.memory,
         "speed": args.speed, "notes": notes,
         "shared_tier": "emulated" if emulated else ("same-device" if same else "real"),
+        "emulate_gbps": args.emulate_gbps if emulated else None,
         "tiers": {t[0]: str(t[1]) for t in tiers},
-        "measured_read_gbps": {k: v["read_bw"] / 1e9 for k, v in measured.items()},
-        "results": [{k: v for k, v in r.items() if k not in ("ttfts", "tier_series", "steps_read_s",
-                                                             "step_read_bytes", "load_steps")} for r in results],
+        "measured_read_gbps": {k: statistics.median(r["measured_read_gbps"][k] for r in rounds)
+                               for k in (rounds[0]["measured_read_gbps"] if rounds else {})},
+        "rounds": rounds,
+        "verdicts": verdicts,
+        "results": [{k: v for k, v in r.items() if k not in _BULKY} for r in results],
     }
     if report_cc is not None:
         report["crosscheck"] = report_cc
@@ -477,7 +543,57 @@ def run_replay(args: argparse.Namespace) -> dict[str, Any]:
         report["figure"] = None
         print("replay: figure skipped: matplotlib is not installed (pip install 'kvstream[plot]')", file=sys.stderr)
     (out / "replay.json").write_text(json.dumps(report, indent=1, default=str))
-    return {"report": report, "results": results}
+    return {"report": report, "results": results, "runs": runs}
+
+
+# Per-run detail kept out of the JSON's rows (the figure and the crosscheck use it).
+_BULKY = ("ttfts", "ttft_by_request", "tier_series", "steps_read_s", "step_read_bytes", "load_steps")
+
+
+def _merge_rounds(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """One system's row from its rounds: the median of every number of the summary (and of the load speed and
+    wall time) over the rounds, each round's own figures under ``rounds``, the TTFTs of all rounds (the CDF), and
+    the last round's time series and store figures."""
+    last = runs[-1]
+    keys = [k for k, v in last["summary"].items() if isinstance(v, (int, float)) and not isinstance(v, bool)]
+    summary = dict(last["summary"])
+    for k in keys:
+        vals = [float(r["summary"][k]) for r in runs if isinstance(r["summary"].get(k), (int, float))]
+        finite = [v for v in vals if not math.isnan(v)]
+        summary[k] = statistics.median(finite) if finite else math.nan
+    merged = dict(last)
+    merged.update({
+        "summary": summary, "wall_s": statistics.median(r["wall_s"] for r in runs),
+        "ttfts": sorted(t for r in runs for t in r["ttfts"]),
+        "rounds": [{"round": r.get("round", i), "replication": r["replication"], "wall_s": r["wall_s"],
+                    "summary": r["summary"], "tier_gbps": r["tier_gbps"], "thread_cpu": r.get("thread_cpu"),
+                    "gil_wait_share": r.get("gil_wait_share"), "store_counters": r["store_counters"]}
+                   for i, r in enumerate(runs)],
+    })
+    return merged
+
+
+def compare_systems(runs: dict[str, list[dict[str, Any]]], names: list[str]) -> list[dict[str, Any]]:
+    """A verdict per pair: every system against :data:`REFERENCE` (when it ran), and the :data:`EXTRA_PAIRS` that
+    ran; for the mean and the P99 TTFT, the ratio (first over second: below 1, the first is faster), its paired
+    two-level bootstrap 95 % interval over rounds and requests, and ahead / level / behind
+    (:mod:`kvstream.benchmarks.verdict`)."""
+    from kvstream.benchmarks.verdict import ratio_interval
+
+    pairs = [(REFERENCE, n) for n in names if n != REFERENCE and REFERENCE in runs]
+    pairs += [p for p in EXTRA_PAIRS if p[0] in runs and p[1] in runs and p not in pairs]
+    out = []
+    for a, b in pairs:
+        k = min(len(runs[a]), len(runs[b]))
+        ta = [r["ttft_by_request"] for r in runs[a][:k]]
+        tb = [r["ttft_by_request"] for r in runs[b][:k]]
+        if not k or not ta[0]:
+            continue
+        row: dict[str, Any] = {"system": a, "against": b}
+        for stat in ("mean", "p99"):
+            row[stat] = ratio_interval(ta, tb, statistic=stat).as_dict()
+        out.append(row)
+    return out
 
 
 def disk_warning(results: list[dict[str, Any]], args: argparse.Namespace) -> str | None:
@@ -857,6 +973,10 @@ def _plot(results: list[dict[str, Any]], png: Path, emulated: bool) -> None:
     plt.close(fig)
 
 
+def _verdict_text(v: str) -> str:
+    return {"ahead": "[green]ahead[/]", "behind": "[red]behind[/]"}.get(v, "level")
+
+
 def _run(args: argparse.Namespace) -> int:
     res = run_replay(args)
     rep = res["report"]
@@ -867,7 +987,7 @@ def _run(args: argparse.Namespace) -> int:
 
     from kvstream.commands._common import console
 
-    title = "kvstream replay: real store, modelled GPU" + (" — shared tier EMULATED" if rep["shared_tier"] == "emulated" else "")
+    title = f"kvstream replay: real store, modelled GPU, median of {len(rep.get('rounds') or [])} round(s)" + (" — shared tier EMULATED" if rep["shared_tier"] == "emulated" else "")
     tab = Table(title=title)
     for col in ("system", "TTFT mean", "P50", "P90", "P99", f"SLO<={args.slo:g}s", "queue s", "queue len",
                 "req/s", "load GB/s", "bound GB/s", "of bound", "local GB", "shared GB", "write amp", "wall s"):
@@ -885,6 +1005,25 @@ def _run(args: argparse.Namespace) -> int:
                     f"{s.get('storage_write_amplification', 0):.2f}", f"{r['wall_s']:.0f}")
     con = console(min_width=190)
     con.print(tab)
+    if rep.get("verdicts"):
+        vt = Table(title=f"each pair over {len(rep.get('rounds') or [])} round(s): ratio of TTFT (below 1: the first is "
+                         "faster), bootstrap 95 % interval, verdict")
+        for col in ("system", "against", "mean TTFT ratio", "95 % interval", "mean", "P99 TTFT ratio",
+                    "95 % interval", "P99"):
+            vt.add_column(col, justify="right")
+        for v in rep["verdicts"]:
+            m, p = v["mean"], v["p99"]
+            vt.add_row(v["system"], v["against"], f"{m['ratio']:.3f}", f"{m['low']:.3f}-{m['high']:.3f}",
+                       _verdict_text(m["verdict"]), f"{p['ratio']:.3f}", f"{p['low']:.3f}-{p['high']:.3f}",
+                       _verdict_text(p["verdict"]))
+        con.print(vt)
+    for rd in rep.get("rounds") or []:
+        mach = rd.get("machine") or {}
+        others = mach.get("others_share")
+        con.print(f"round {rd['round'] + 1}: order {', '.join(rd['order'])}; tiers alone " + ", ".join(
+            f"{k} {v:.2f}" for k, v in rd["measured_read_gbps"].items()) + " GB/s; other work on the machine "
+            + (f"{100 * others:.0f} % of its CPUs" if others is not None else "unknown")
+            + f", load average {mach.get('loadavg_1m_start', 0):.1f} -> {mach.get('loadavg_1m_end', 0):.1f}")
     con.print("load GB/s: the bytes each system's loads (blocking and background) read from disk, over the time a "
               "load was reading; bound: the sum of the read bandwidths of the tiers it uses, each measured alone "
               "through the store before the systems ran (" + ", ".join(
