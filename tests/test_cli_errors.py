@@ -296,7 +296,9 @@ def test_replay_without_matplotlib_writes_json_and_names_the_extra(disk_tmp: Pat
                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(_common, "have", lambda module: module != "matplotlib")
     out_dir = disk_tmp / "out"
-    rc = main(["replay", "--preset", "agent-small", "--requests", "3", "--model", "qwen2.5-0.5b", "--memory", "32MiB", "--gpu-kv", "8MiB",
+    # 8 requests: enough that the run reads from disk (with fewer every hit is in memory, and replay refuses the
+    # run as one that measured nothing: tests/test_nothing_measured.py)
+    rc = main(["replay", "--preset", "agent-small", "--requests", "8", "--model", "qwen2.5-0.5b", "--memory", "32MiB", "--gpu-kv", "8MiB",
                "--tier-capacity", "256MiB", "--speed", "8", "--systems", "kvstream", "--out", str(out_dir)])
     out, err = capsys.readouterr()
     assert rc == 0

@@ -60,7 +60,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     w.add_argument("--engine", choices=["auto", "uring", "threads"], default="auto", help="I/O engine")
     w.add_argument("--steps", type=positive_int, default=8, help="steps of the serving loop in part 2 (default 8)")
     w.add_argument("--read-chunks", type=positive_int, default=16, help="chunks read per step (default 16)")
-    w.add_argument("--write-chunks", type=nonnegative_int, default=4, help="new chunks written per step (default 4)")
+    w.add_argument("--write-chunks", type=positive_int, default=4,
+                   help="new chunks written per step (default 4; part 2 measures their interference with the reads)")
     w.add_argument("--compute-ms", type=nonnegative_float, default=100.0, help="modelled forward pass per step (default 100)")
     w.add_argument("--json", action="store_true", help="print JSON")
     w.set_defaults(handler=_write)
