@@ -83,6 +83,7 @@ from kvstream.integrations._lmcache_config import (
     attribute_error,
     flatten,
     parse_extra_config,
+    pending_write_default,
     strict_mode,
 )
 from kvstream.integrations._lmcache_keys import KeyMapper
@@ -131,7 +132,6 @@ def _stop_loop(loop: Optional[asyncio.AbstractEventLoop]) -> None:
         except RuntimeError:  # already closed
             pass
 
-_MIN_PENDING_BYTES = 64 << 20
 _COPY_THREADS = 2  # copies overlap the store's reads; two keep up with ~10 GB/s of landing chunks
 _COPY_OFFLOAD_BYTES = 4 << 20  # smaller chunks are copied on the reading thread
 
@@ -277,10 +277,9 @@ class KVStreamBackend(StoragePluginInterface):  # type: ignore[misc]  # LMCache 
         if local_cpu_backend is None:
             raise ConfigError("max_local_cpu_size", "the kvstream plugin needs LMCache's CPU backend as its "
                                                     "allocator: set max_local_cpu_size > 0")
-        cpu_pool = int(float(config.max_local_cpu_size) * (1 << 30))
         extra = config.extra_config or {}
         self.options: PluginOptions = parse_extra_config(
-            extra, default_pending_bytes=max(cpu_pool // 4, _MIN_PENDING_BYTES))
+            extra, default_pending_bytes=pending_write_default(config.max_local_cpu_size))
         try:
             self.store: Store = open_store(self.options.store)
         except ConfigError as exc:
