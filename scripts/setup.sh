@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Create .venv (if needed) and install kvstream with the extras a task needs.
-#   scripts/setup.sh main   core + plots + study (what `kvstream replay` and the studies need) (what `kvstream replay` needs)
-#   scripts/setup.sh test   everything the test suite needs: + pytest/hypothesis, torch 2.13.0 (CPU), LMCache 0.5.6
+#   scripts/setup.sh main   core + plots + study (what `kvstream replay` and the studies need)
+#   scripts/setup.sh test   everything the test suite needs: + pytest/hypothesis, torch 2.13.0 (CPU), LMCache 0.5.6,
+#                           and .venv-lmcache-pins: .venv with LMCache 0.5.6's pinned numpy/prometheus_client
 #   scripts/setup.sh dfs    (root) GlusterFS, Ceph and xfsprogs from apt for the root suites, if missing
 # Idempotent: a second run only checks that everything is installed.
 set -euo pipefail
@@ -25,6 +26,23 @@ case "$what" in
     # LMCache's own metadata pulls CUDA-only wheels and may replace torch: install it without dependencies
     # (its import-time needs are the [lmcache] extra above).
     pip install -q --no-deps 'lmcache==0.5.6'
+    # --no-deps also means LMCache's pins are never applied: .venv gets the newest numpy and prometheus_client,
+    # which LMCache 0.5.6 excludes (numpy<=2.2.6, prometheus_client<=0.24.1). .venv-lmcache-pins is a second venv
+    # layered on .venv (a .pth adds .venv's site-packages after its own) holding, at LMCache's pins, each installed
+    # distribution whose version breaks them (scripts/lmcache_pins.py reads them from LMCache's metadata);
+    # scripts/test.sh runs the plugin's tests there too. Cheap: a few wheels, no second torch.
+    PINS=.venv-lmcache-pins
+    if [ ! -x "$PINS/bin/python" ]; then
+      "$PY" -m venv "$PINS"
+    fi
+    main_site=$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+    pins_site=$("$PINS/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+    # addsitedir (not a bare path line): .venv's own .pth files (the editable kvstream) are read too
+    echo "import site; site.addsitedir('$main_site')" > "$pins_site/zz-kvstream-main-venv.pth"
+    .venv/bin/python scripts/lmcache_pins.py > "$PINS/pins.txt"
+    if [ -s "$PINS/pins.txt" ]; then
+      "$PINS/bin/python" -m pip install -q -r "$PINS/pins.txt"
+    fi
     ;;
   dfs)
     # The file systems of the multi-node suite (tests/test_dfs_multinode.py, bench/dfs): GlusterFS and Ceph,

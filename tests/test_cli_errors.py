@@ -154,6 +154,47 @@ def test_every_choice_option_of_every_subcommand_names_value_and_choices(capsys:
     assert checked >= 12  # replay 3, simulate 4, bench read 2 + write 1, probe 1, study 2
 
 
+_SIZE_TYPES = {"size_text", "size_bytes", "parse_size"}
+
+
+def test_a_negative_size_is_named_as_not_a_size(capsys: pytest.CaptureFixture[str]) -> None:
+    """``--memory -1GiB``: argparse took ``-1GiB`` for an option and said "expected one argument"; every size
+    option of every subcommand now names the value and says it is not a size."""
+    checked = 0
+    for path, parser in _leaves(build_parser()):
+        for action in parser._actions:
+            if not action.option_strings or getattr(action.type, "__name__", "") not in _SIZE_TYPES:
+                continue
+            for bad in ("-1GiB", "-5"):
+                rc, out, err = _run([*path, action.option_strings[-1], bad], capsys)
+                try:
+                    _assert_one_line_error(rc, out, err, action.option_strings[-1], f"'{bad}'", "size")
+                    assert "expected one argument" not in err
+                except AssertionError as exc:
+                    raise AssertionError(f"kvstream {' '.join(path)} {action.option_strings[-1]} {bad}: {exc}") from None
+            checked += 1
+    assert checked >= 8  # replay 3, bench read 2 + write 1, probe 2
+    rc, out, err = _run(["replay", "--memory", "-1GiB"], capsys)
+    _assert_one_line_error(rc, out, err, "value '-1GiB' is not a size")
+
+
+def test_a_value_that_starts_with_a_dash_and_a_digit_is_checked_by_its_option(capsys: pytest.CaptureFixture[str]) -> None:
+    """Every option with a type or choices, given ``-1x``, says what is wrong with ``-1x`` (never "expected one
+    argument", which names no value)."""
+    checked = 0
+    for path, parser in _leaves(build_parser()):
+        for action in parser._actions:
+            if not action.option_strings or action.nargs == 0 or (action.type is None and action.choices is None):
+                continue
+            rc, out, err = _run([*path, action.option_strings[-1], "-1x"], capsys)
+            try:
+                _assert_one_line_error(rc, out, err, "'-1x'")
+            except AssertionError as exc:
+                raise AssertionError(f"kvstream {' '.join(path)} {action.option_strings[-1]}: {exc}") from None
+            checked += 1
+    assert checked >= 30
+
+
 def test_model_list_names_each_model_once(capsys: pytest.CaptureFixture[str]) -> None:
     rc, _out, err = _run(["replay", "--model", "llama-99b"], capsys)
     assert rc == 2
@@ -255,7 +296,9 @@ def test_replay_without_matplotlib_writes_json_and_names_the_extra(disk_tmp: Pat
                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(_common, "have", lambda module: module != "matplotlib")
     out_dir = disk_tmp / "out"
-    rc = main(["replay", "--preset", "agent-small", "--requests", "3", "--model", "qwen2.5-0.5b", "--memory", "32MiB", "--gpu-kv", "8MiB",
+    # 8 requests: enough that the run reads from disk (with fewer every hit is in memory, and replay refuses the
+    # run as one that measured nothing: tests/test_nothing_measured.py)
+    rc = main(["replay", "--preset", "agent-small", "--requests", "8", "--model", "qwen2.5-0.5b", "--memory", "32MiB", "--gpu-kv", "8MiB",
                "--tier-capacity", "256MiB", "--speed", "8", "--systems", "kvstream", "--rounds", "1", "--out", str(out_dir)])
     out, err = capsys.readouterr()
     assert rc == 0

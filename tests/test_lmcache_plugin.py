@@ -637,6 +637,77 @@ def test_strict_with_a_good_config_serves_and_an_unreadable_value_is_strict(disk
         StorageManager(cfg, _metadata(), EventManager())
 
 
+@contextlib.contextmanager
+def _log_lines():
+    """Messages logged by LMCache's storage-backend factory and by the plugin, while the block runs."""
+    records: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda r: records.append(r.getMessage())  # type: ignore[method-assign]
+    loggers = [logging.getLogger("lmcache.v1.storage_backend"), logging.getLogger("kvstream.lmcache")]
+    for lg in loggers:
+        lg.addHandler(handler)
+    try:
+        yield records
+    finally:
+        for lg in loggers:
+            lg.removeHandler(handler)
+
+
+def test_scheduler_role_names_the_role_and_the_setting_to_change(disk_tmp):
+    """LMCache builds its storage backends in vLLM's scheduler process too when enable_scheduler_bypass_lookup is
+    set, and there it creates no CPU backend. The plugin said "set max_local_cpu_size > 0" (it was set); it now
+    says that this is the scheduler role and what to change, opens nothing there, and with kvstream.strict
+    stops the start with the same message."""
+    meta = LMCacheMetadata(model_name="test/model", world_size=1, local_world_size=1, worker_id=0, local_worker_id=0,
+                           kv_dtype=torch.bfloat16, kv_shape=(LAYERS, 2, CHUNK, HEADS, HEAD_DIM), role="scheduler")
+
+    def config(extra: dict) -> LMCacheEngineConfig:
+        cfg = LMCacheEngineConfig.from_defaults(
+            chunk_size=CHUNK, local_cpu=True, max_local_cpu_size=0.06, storage_plugins=[PLUGIN],
+            enable_scheduler_bypass_lookup=True,
+            extra_config={f"storage_plugin.{PLUGIN}.module_path": "kvstream.integrations.lmcache",
+                          f"storage_plugin.{PLUGIN}.class_name": "KVStreamBackend", **extra})
+        PinMonitor.GetOrCreate(cfg)
+        return cfg
+
+    with _log_lines() as lines:
+        sm = StorageManager(config(_tiers(disk_tmp)), meta, EventManager())
+        try:
+            assert PLUGIN not in sm.storage_backends
+        finally:
+            sm.close()
+    said = [ln for ln in lines if "kvstream" in ln and "scheduler" in ln]
+    assert said, lines
+    for ln in said:
+        assert "role 'scheduler'" in ln and "enable_scheduler_bypass_lookup: false" in ln and "worker" in ln, ln
+        assert "max_local_cpu_size > 0" not in ln, ln
+    assert not any("max_local_cpu_size > 0" in ln for ln in lines), lines
+    assert not (disk_tmp / "local").exists()  # nothing opened in the scheduler
+    with pytest.raises(StrictStartError, match=r"enable_scheduler_bypass_lookup.*role 'scheduler'"):
+        StorageManager(config({**_tiers(disk_tmp), "kvstream.strict": True}), meta, EventManager())
+
+
+def test_a_worker_without_lmcaches_cpu_backend_is_told_to_give_it_memory() -> None:
+    from types import SimpleNamespace
+
+    from kvstream.integrations.lmcache import _no_cpu_backend
+
+    err = _no_cpu_backend(SimpleNamespace(max_local_cpu_size=0), SimpleNamespace(role="worker"))
+    assert err.field == "max_local_cpu_size" and "set max_local_cpu_size > 0" in str(err) and "is 0" in str(err)
+    err = _no_cpu_backend(SimpleNamespace(max_local_cpu_size=5, enable_scheduler_bypass_lookup=True),
+                          SimpleNamespace(role="scheduler"))
+    assert err.field == "enable_scheduler_bypass_lookup" and "max_local_cpu_size" not in str(err)
+
+
+def test_the_pending_write_budget_defaults_to_a_quarter_of_lmcaches_cpu_pool(disk_tmp):
+    """kvstream.max_pending_write_bytes' documented default (PLUGIN_KEYS) is what the plugin gets under LMCache."""
+    from kvstream.integrations._lmcache_config import pending_write_default
+
+    with manager(_tiers(disk_tmp)) as sm:
+        assert _plugin(sm).options.max_pending_write_bytes == pending_write_default(sm.config.max_local_cpu_size)
+        assert pending_write_default(sm.config.max_local_cpu_size) == 64 << 20  # 0.06 GB: the floor
+
+
 _LOG_CHILD = r"""
 import os, sys, torch
 from pathlib import Path

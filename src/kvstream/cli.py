@@ -16,7 +16,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any, NoReturn
 
-from kvstream.commands._common import missing_extra_message, plain
+from kvstream.commands._common import NEGATIVE_VALUE, missing_extra_message, plain
 from kvstream.errors import ConfigError, InputFormatError, UsageError
 
 __all__ = ["main", "build_parser"]
@@ -44,11 +44,16 @@ class _HelpFormatter(argparse.HelpFormatter):
 
 
 class _Parser(argparse.ArgumentParser):
-    """argparse with one-line errors (exit 2) and the help formatter above, for sub-parsers too."""
+    """argparse with one-line errors (exit 2) and the help formatter above, for sub-parsers too.
+
+    A word that starts with a dash and a digit (``-1GiB``, ``-0.5x``) is a value, never an option: argparse takes
+    only plain negative numbers for values, so ``--memory -1GiB`` got "expected one argument" instead of the
+    option's own check saying the value is not a size. No option of ours looks like a number."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         kwargs.setdefault("formatter_class", _HelpFormatter)
         super().__init__(*args, **kwargs)
+        self._negative_number_matcher = NEGATIVE_VALUE
 
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: error: {message} (see '{self.prog} --help')\n")

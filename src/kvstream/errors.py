@@ -2,6 +2,7 @@
 
 - :class:`ConfigError` and :class:`UsageError`: the caller got something wrong (a bad config field, a call on
   a closed store). They name the field or the object and the rule that was broken.
+  :class:`NothingMeasuredError` (a UsageError): a benchmark's run measured nothing of what it reports.
 - :class:`TierError`: a storage tier failed (EIO, ENOSPC, a vanished mount). The engine handles these itself
   on the serving path (another replica, a miss, a skipped copy); they escape only from administrative calls.
 - :class:`CorruptChunkError`: bytes on storage are not a valid chunk (bad magic, truncated, checksum mismatch).
@@ -17,6 +18,7 @@ __all__ = [
     "KVStreamError",
     "ConfigError",
     "UsageError",
+    "NothingMeasuredError",
     "StoreClosedError",
     "TierError",
     "CorruptChunkError",
@@ -38,6 +40,13 @@ class ConfigError(KVStreamError, ValueError):
 
 class UsageError(KVStreamError, ValueError):
     """The API was called in a way its contract forbids (wrong type, out-of-range argument)."""
+
+
+class NothingMeasuredError(UsageError):
+    """A measuring command (``replay``, ``simulate``, ``bench``) could not measure what its output claims: an empty
+    workload, a tier below one chunk, a system that served no request, wrote nothing or read nothing from disk.
+    The message names the cause and the option to change; the command exits non-zero (2) instead of printing a
+    table that looks like a result."""
 
 
 class StoreClosedError(UsageError):

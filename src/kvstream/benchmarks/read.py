@@ -26,6 +26,7 @@ import numpy as np
 import xxhash
 
 import kvstream
+from kvstream.errors import NothingMeasuredError
 from kvstream.format import file_size
 from kvstream.io import make_engine
 from kvstream.io.rawread import read_files, read_tiers_concurrently, write_files
@@ -191,6 +192,12 @@ def _integrated_bound(total: int, gbps: dict[str, float], sched: BandwidthSchedu
     return hi
 
 
+def _tier_trouble(stats: Any) -> str:
+    """Each tier's read errors, corrupt and missing chunks, for an error message."""
+    return "; ".join(f"{name}: {t.read_errors} read errors, {t.corrupt_chunks} corrupt, {t.missing_files} missing"
+                     for name, t in stats.tiers.items())
+
+
 def run_read_bench(cfg: ReadBenchConfig, progress: Any = None) -> dict[str, Any]:
     keys = bench_keys(cfg.chunks, cfg.chunk_bytes)
     engine = make_engine(cfg.io_engine)
@@ -226,8 +233,10 @@ def run_read_bench(cfg: ReadBenchConfig, progress: Any = None) -> dict[str, Any]
                         got += payload is not None
                     seconds = time.perf_counter() - t0
                 after = store.stats()
-                if got != len(keys):
-                    raise RuntimeError(f"bench read: only {got} of {len(keys)} chunks came back")
+                if got != len(keys):  # the time would be of a part of the step: not a figure to print
+                    raise NothingMeasuredError(
+                        f"only {got} of {len(keys)} chunks came back from the tiers ({_tier_trouble(after)}), so the "
+                        "read time is not a whole step's; check the tier folders (kvstream verify) and rerun")
                 per_tier = {}
                 for name in files:
                     b, a = before.tiers[name], after.tiers[name]

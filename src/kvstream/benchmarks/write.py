@@ -22,6 +22,7 @@ import numpy as np
 import xxhash
 
 import kvstream
+from kvstream.errors import NothingMeasuredError
 from kvstream.format import file_size
 from kvstream.io import make_engine
 from kvstream.io.rawread import write_files
@@ -61,6 +62,19 @@ def _payload(cfg: WriteBenchConfig, i: int, base: np.ndarray) -> np.ndarray:
     return base
 
 
+def _check_written(st: Any, chunks: int) -> None:
+    """Part 1 timed the publishing of ``chunks`` chunks: refuse the figure if a tier failed writes or the primary
+    tier (which every replication policy writes every chunk to) did not publish them all (raises
+    :class:`NothingMeasuredError` naming the tiers)."""
+    failed = {n: t.write_errors for n, t in st.tiers.items() if t.write_errors}
+    primary = next(iter(st.tiers.values()), None)
+    if failed or primary is None or primary.write_chunks < chunks:
+        detail = ", ".join(f"{n}: {t.write_chunks} written, {t.write_errors} write errors, {t.write_skipped_full} "
+                           f"skipped as full" for n, t in st.tiers.items())
+        raise NothingMeasuredError(f"part 1 did not publish its {chunks} chunks ({detail}), so its time is not "
+                                   "the writes' time; check the tier folders' free space and rerun")
+
+
 def run_write_bench(cfg: WriteBenchConfig, progress: Any = None) -> dict[str, Any]:
     import shutil
 
@@ -80,6 +94,7 @@ def run_write_bench(cfg: WriteBenchConfig, progress: Any = None) -> dict[str, An
         seconds = time.perf_counter() - t0
         st = store.stats()
         store.close()
+        _check_written(st, cfg.chunks)
         put_bytes = cfg.chunks * file_size(cfg.chunk_bytes)
         raw_paths = {n: [f"{p}/{tag}/raw-{j}" for j in range(4)] for n, p in cfg.tiers}
         per_file = max(4096, put_bytes // 4 // 4096 * 4096)
@@ -133,7 +148,9 @@ def run_write_bench(cfg: WriteBenchConfig, progress: Any = None) -> dict[str, An
                 t0 = time.perf_counter()
                 got = sum(1 for _, p in store.read_iter(step_keys) if p is not None)
                 read_times.append(time.perf_counter() - t0)
-                assert got == len(step_keys)
+                if got != len(step_keys):  # a step that read part of its chunks has no read time to compare
+                    raise NothingMeasuredError(f"part 2 ({mode}): only {got} of {len(step_keys)} chunks of step {s} "
+                                               "came back from the tiers; check them (kvstream verify) and rerun")
                 if mode == "deferred":
                     store.flush()  # the forward pass has started: last step's writes go out now
                 time.sleep(cfg.compute_s)  # the forward pass

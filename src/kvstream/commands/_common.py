@@ -25,6 +25,8 @@ __all__ = [
     "plain",
     "console",
     "size_text",
+    "size_bytes",
+    "NEGATIVE_VALUE",
     "positive_int",
     "nonnegative_int",
     "positive_float",
@@ -138,11 +140,28 @@ positive_float = _number(float, "a number", lambda v: v > 0 and v == v and v != 
 nonnegative_float = _number(float, "a number", lambda v: v >= 0 and v == v and v != float("inf"), "0 or more")
 
 
-def size_text(text: str) -> str:
-    """A size such as ``256MiB`` or ``4G``, checked, kept as written (for messages and results)."""
+# A command-line word that is a value even though it starts with a dash: a dash, then a digit or a dot and a digit
+# (``-1GiB``, ``-5``, ``-.5``). kvstream.cli's parser takes these as values, so an option's own type names what is
+# wrong with them (argparse alone would say "expected one argument" for ``--memory -1GiB``).
+NEGATIVE_VALUE = re.compile(r"^-\.?\d")
+
+_SIZE_EXAMPLES = "examples: 4096, 4M, 48MiB, 256K, 2GB"
+
+
+def size_bytes(text: str) -> int:
+    """A positive size such as ``256MiB`` or ``4G``, in bytes; else an error saying the value is not a size."""
     from kvstream.config import size_arg
 
-    size_arg(text)  # raises argparse.ArgumentTypeError naming the value
+    if text.strip().startswith("-"):
+        raise argparse.ArgumentTypeError(f"value {text!r} is not a size: a size is a positive number of bytes "
+                                         f"({_SIZE_EXAMPLES})")
+    return size_arg(text)  # its errors name the value too ("not a size: '12XB' (examples: ...)")
+
+
+def size_text(text: str) -> str:
+    """A size such as ``256MiB`` or ``4G``, checked (:func:`size_bytes`), kept as written (for messages and
+    results)."""
+    size_bytes(text)  # raises argparse.ArgumentTypeError naming the value
     return text
 
 

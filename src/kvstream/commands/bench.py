@@ -9,7 +9,7 @@ import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from kvstream.config import parse_tier_specs, size_arg
+from kvstream.config import parse_tier_specs
 
 if TYPE_CHECKING:  # imported where used: `kvstream bench` loads the benchmark only when it runs
     from kvstream.benchmarks.read import ReadBenchConfig
@@ -18,7 +18,7 @@ __all__ = ["register"]
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    from kvstream.commands._common import nonnegative_float, nonnegative_int, positive_int
+    from kvstream.commands._common import nonnegative_float, nonnegative_int, positive_int, size_bytes
 
     bench = subparsers.add_parser("bench", help="benchmarks that print the bound they are compared with")
     sub = bench.add_subparsers(dest="bench_command", metavar="BENCH")
@@ -28,13 +28,13 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                    help="a tier folder (give two or more; the first is the primary). For one tier's raw "
                         "bandwidth use kvstream probe")
     p.add_argument("--chunks", type=positive_int, default=64, help="chunks in the step (default 64)")
-    p.add_argument("--chunk-bytes", type=size_arg, default=4 << 20, help="payload bytes per chunk (default 4M)")
+    p.add_argument("--chunk-bytes", type=size_bytes, default=4 << 20, help="payload bytes per chunk (default 4M)")
     p.add_argument("--router", default="mitm", help="mitm | mitm:M | fixed:R | single:NAME (default mitm)")
     p.add_argument("--repeat", type=positive_int, default=5, help="measurements; medians are reported (default 5)")
     p.add_argument("--warmup", type=nonnegative_int, default=3,
                    help="untimed store reads before measuring (buffer pool first use, read windows; default 3)")
     p.add_argument("--engine", choices=["auto", "uring", "threads"], default="auto", help="I/O engine")
-    p.add_argument("--inflight", type=size_arg, default=None,
+    p.add_argument("--inflight", type=size_bytes, default=None,
                    help="read bytes in flight per tier (default: depth x one chunk file, as the bound's raw reader)")
     p.add_argument("--depth", type=positive_int, default=16, help="ring depth per tier (default 16)")
     p.add_argument("--read-windows", choices=["balanced", "fixed"], default="balanced",
@@ -55,12 +55,13 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     w.add_argument("--tier", action="append", required=True, metavar="NAME=PATH",
                    help="a tier folder (repeat for each tier)")
     w.add_argument("--chunks", type=positive_int, default=64, help="chunks written in part 1 (default 64)")
-    w.add_argument("--chunk-bytes", type=size_arg, default=4 << 20, help="payload bytes per chunk (default 4M)")
+    w.add_argument("--chunk-bytes", type=size_bytes, default=4 << 20, help="payload bytes per chunk (default 4M)")
     w.add_argument("--replication", default="full", help="full | single | partial:F | lazy | selective")
     w.add_argument("--engine", choices=["auto", "uring", "threads"], default="auto", help="I/O engine")
     w.add_argument("--steps", type=positive_int, default=8, help="steps of the serving loop in part 2 (default 8)")
     w.add_argument("--read-chunks", type=positive_int, default=16, help="chunks read per step (default 16)")
-    w.add_argument("--write-chunks", type=nonnegative_int, default=4, help="new chunks written per step (default 4)")
+    w.add_argument("--write-chunks", type=positive_int, default=4,
+                   help="new chunks written per step (default 4; part 2 measures their interference with the reads)")
     w.add_argument("--compute-ms", type=nonnegative_float, default=100.0, help="modelled forward pass per step (default 100)")
     w.add_argument("--json", action="store_true", help="print JSON")
     w.set_defaults(handler=_write)

@@ -56,9 +56,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from kvstream.errors import UsageError
+from kvstream.errors import NothingMeasuredError, UsageError
 
-__all__ = ["register", "run_replay", "SYSTEMS", "disk_warning"]
+__all__ = ["register", "run_replay", "SYSTEMS", "disk_warning", "check_setup", "nothing_measured"]
 
 SYSTEMS = ("kvstream", "kvstream-only", "kvstream+compute", "bidaw-only", "lmcache-like")
 # The default comparison: the full system and its ablations, two tiers or one x Bidaw's scheduling or FCFS. Each
@@ -298,6 +298,7 @@ def _run_one(name: str, reqs: list[Any], tiers: list[tuple[str, Path]], args: ar
         "replication": _replication(sysd["replication"], [measured[tname]["read_bw"] for tname, _ in use]),
         "memory_eviction": sysd["memory_eviction"],
         "create_dirs": True,
+        "chunk_bytes": chunk_bytes,  # the store refuses, at open, a tier or host memory below one chunk
     }
     engine = make_engine("auto")
     if emulated and len(use) == 2:
@@ -385,7 +386,7 @@ def _run_one(name: str, reqs: list[Any], tiers: list[tuple[str, Path]], args: ar
         "load_steps": probe.loads,
         "thread_cpu": {k: {"cpu_s": v.cpu_s, "runq_s": v.runq_s} for k, v in sorted(thread_cpu.items())},
         "gil_wait_share": meter.gil_wait_share,
-        "store_counters": {"verify_seconds": stats.verify_seconds, "disk_hits": stats.disk_hits,
+        "store_counters": {"puts": stats.puts, "verify_seconds": stats.verify_seconds, "disk_hits": stats.disk_hits,
                            "read_steps": stats.read_steps, "catch_up_reads": stats.catch_up_reads,
                            "catch_up_copies": stats.catch_up_copies},
         "put_s": backend.write_s, "puts_dropped_no_memory": stats.puts_dropped_no_memory,
@@ -436,12 +437,13 @@ def run_replay(args: argparse.Namespace) -> dict[str, Any]:
     args = _with_setup(args)
 
     out = Path(args.out).resolve()  # tier folders must be absolute (StoreConfig); --out may be relative
-    out.mkdir(parents=True, exist_ok=True)
     names = [s.strip() for s in args.systems.split(",") if s.strip()]
     for n in names:
         _system(n)
     reqs, wl_desc = _workload(args)
     cost = CostModel(get_gpu(args.gpu), get_model_shape(args.model), args.tp)
+    check_setup(args, reqs, cost)  # before anything is made
+    out.mkdir(parents=True, exist_ok=True)
     tiers, ours = _tier_paths(args, out)
     same = _same_device(tiers[0][1], tiers[1][1])
     emulated = False
@@ -510,14 +512,17 @@ def run_replay(args: argparse.Namespace) -> dict[str, Any]:
         if ours and not args.keep:
             shutil.rmtree(out / "tiers", ignore_errors=True)
     results = [_merge_rounds(runs[n]) for n in names]
-    verdicts = compare_systems(runs, names)
-    warning = disk_warning(results, args)
+    # Every run of every round must have measured something (a system idle in one round is not rescued by a median).
+    problem = nothing_measured([r for n in names for r in runs[n]], args)
+    verdicts = compare_systems(runs, names) if not problem else []
+    warning = None if problem else disk_warning(results, args)
     if warning:
         print(f"replay: warning: {warning}", file=sys.stderr)
     from kvstream.commands._common import run_meta
 
     report: dict[str, Any] = {
         **run_meta(),
+        "error": problem,
         "warnings": [warning] if warning else [],
         "workload": wl_desc, "model": cost.model.name, "gpu": f"{args.tp}x {cost.gpu.name}",
         "chunk_bytes": cost.model.chunk_bytes(), "gpu_kv": args.gpu_kv, "memory": args.memory,
@@ -543,6 +548,8 @@ def run_replay(args: argparse.Namespace) -> dict[str, Any]:
         report["figure"] = None
         print("replay: figure skipped: matplotlib is not installed (pip install 'kvstream[plot]')", file=sys.stderr)
     (out / "replay.json").write_text(json.dumps(report, indent=1, default=str))
+    if problem:
+        raise NothingMeasuredError(f"{problem} (results kept in {out / 'replay.json'})")
     return {"report": report, "results": results, "runs": runs}
 
 
@@ -594,6 +601,64 @@ def compare_systems(runs: dict[str, list[dict[str, Any]]], names: list[str]) -> 
             row[stat] = ratio_interval(ta, tb, statistic=stat).as_dict()
         out.append(row)
     return out
+
+
+def check_setup(args: argparse.Namespace, reqs: list[Any], cost: Any) -> None:
+    """Refuse, before anything runs, a replay that could not measure what it reports (raises
+    :class:`~kvstream.errors.NothingMeasuredError` naming the option): a workload without requests, or a disk tier
+    (``--tier-capacity``) or host memory (``--memory``) that cannot hold one chunk of the model's KV (a tier
+    below one chunk writes nothing, so every system would read nothing from it). ``args``: set-up filled in."""
+    from kvstream.config import parse_size
+    from kvstream.format import file_size
+
+    if not reqs:
+        where = f"the trace {args.trace}" if getattr(args, "trace", None) else f"the workload preset {args.preset!r}"
+        raise NothingMeasuredError(f"{where} has no requests: there is nothing to replay (give a trace with at "
+                                   "least one request)")
+    chunk = cost.model.chunk_bytes()
+    need = file_size(chunk)
+    at_least = f"{-(-need // 2**20)}MiB"  # one chunk file, rounded up to a size one can type
+    what = (f"one chunk of {cost.model.name}'s KV ({chunk / 2**20:.3g} MiB of payload, {need} B as a file with its "
+            "header)")
+    cap = parse_size(args.tier_capacity, "--tier-capacity")
+    if cap < need:
+        raise NothingMeasuredError(f"--tier-capacity {args.tier_capacity} ({cap} B) is below {what}: the disk tiers "
+                                   f"could hold nothing, so no system would write or read them; give at least "
+                                   f"{at_least}, better many chunks")
+    mem = parse_size(args.memory, "--memory")
+    if mem < need:
+        raise NothingMeasuredError(f"--memory {args.memory} ({mem} B) is below {what}: host memory could not "
+                                   f"stage a single chunk; give at least {at_least}")
+
+
+def nothing_measured(results: list[dict[str, Any]], args: argparse.Namespace) -> str | None:
+    """One line naming why the run measured nothing of what its table compares, or None. A replay compares
+    systems serving from disk tiers, so it measured nothing when a system served no request, when a system wrote
+    nothing to its disk tiers, or when no system that reads the tiers read anything from them (every hit came
+    from GPU KV or host memory: :func:`disk_warning`'s cause, which alone stays a warning while another system
+    read from disk). ``args``: replay's, set-up filled in."""
+    idle = [r["system"] for r in results if r["summary"].get("completed", 0) == 0]
+    if idle:
+        return (f"{', '.join(idle)} served no request (none got its first token before the run ended), so the run "
+                "measured nothing")
+    unwritten = [r for r in results if sum(int(t.get("write_bytes", 0)) for t in r["tier_stats"].values()) == 0]
+    if unwritten:
+        r = unwritten[0]
+        puts = (r.get("store_counters") or {}).get("puts")
+        dropped = int(r.get("puts_dropped_no_memory") or 0)
+        if puts == 0:
+            why = "no request put a chunk (every prompt is shorter than one chunk of KV)"
+        elif dropped:
+            why = f"{dropped} puts were dropped for want of host memory (--memory {args.memory})"
+        else:
+            why = f"every copy was skipped (tier capacity --tier-capacity {args.tier_capacity})"
+        return (f"{', '.join(x['system'] for x in unwritten)} wrote nothing to the disk tiers: {why}, so the run "
+                "compares no disk tier")
+    readers = [r for r in results if _system(r["system"]).get("read_disk", True)]
+    if readers and disk_warning(readers, args) is not None and all(
+            sum(v for k, v in r["summary"].items() if k.startswith("storage_read_bytes_")) == 0 for r in readers):
+        return f"no system read from the disk tiers: {disk_warning(readers, args)}"
+    return None
 
 
 def disk_warning(results: list[dict[str, Any]], args: argparse.Namespace) -> str | None:

@@ -22,7 +22,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from kvstream.errors import UsageError
+from kvstream.errors import NothingMeasuredError, UsageError
 
 __all__ = ["register", "overload_warning"]
 
@@ -93,6 +93,9 @@ def _run_trace(args: argparse.Namespace) -> int:
     from kvstream.workload.mooncake import read_mooncake
 
     reqs = read_mooncake(args.trace, time_scale=args.time_scale)
+    if not reqs:
+        raise NothingMeasuredError(f"the trace {args.trace} has no requests: there is nothing to simulate (give a "
+                                   "trace with at least one request)")
     tiers = testbed_tiers(args.testbed)
     host = args.host_gb * GB
 
@@ -113,7 +116,9 @@ def _run_trace(args: argparse.Namespace) -> int:
     s = res.summary
     from kvstream.commands._common import run_meta
 
-    warning = overload_warning([r for node in res.nodes for r in node.requests])
+    done = [r for node in res.nodes for r in node.requests]
+    served = sum(1 for r in done if not math.isnan(r.first_token))
+    warning = overload_warning(done)
     out = {
         **run_meta(quick=args.quick),
         "trace": str(args.trace), "model": args.model, "gpu": args.gpu, "testbed": args.testbed,
@@ -129,6 +134,10 @@ def _run_trace(args: argparse.Namespace) -> int:
     dest.mkdir(parents=True, exist_ok=True)
     path = dest / f"trace-{args.system}.json"
     path.write_text(json.dumps(out, indent=1, default=str))
+    if served == 0:  # every TTFT would be NaN: the table would describe nothing
+        raise NothingMeasuredError(f"none of the {len(reqs)} requests got its first token by the end of the simulated "
+                                   f"run, so it measured nothing; {warning or 'the modelled system served nothing'} "
+                                   f"(results kept in {path})")
     if warning:
         print(f"simulate: warning: {warning}", file=sys.stderr)
     if args.json:

@@ -26,70 +26,130 @@ from typing import Any
 from kvstream.config import StoreConfig, parse_size, parse_tier_specs
 from kvstream.errors import ConfigError
 
-__all__ = ["PREFIX", "KEYS", "KEY_DEFAULTS", "STORE_KEYS", "PluginOptions", "RecomputeOptions", "parse_extra_config",
-           "attribute_error", "flatten", "strict_mode"]
+__all__ = ["PREFIX", "PLUGIN_KEYS", "PluginKey", "KEYS", "KEY_DEFAULTS", "STORE_KEYS", "MIN_PENDING_BYTES",
+           "pending_write_default", "PluginOptions", "RecomputeOptions", "parse_extra_config", "attribute_error",
+           "flatten", "strict_mode"]
 
 PREFIX = "kvstream."
 
-# key (without the prefix) -> one line for the docs and the error messages
-KEYS: dict[str, str] = {
-    "config_file": "a kvstream YAML file (tiers, memory_bytes, router, replication, io_engine, ...)",
-    "tiers": "NAME=PATH,NAME=PATH: directory tiers, fastest (node-local) first",
-    "capacity_bytes": "size of chunk files kept per tier: one size ('2TiB') or NAME=SIZE,NAME=SIZE",
-    "memory_bytes": "the store's own host-memory tier (buffered writes and clean chunks)",
-    "router": "mitm | mitm:M | fixed:R | single:NAME",
-    "replication": "full | single | partial:F | lazy | selective",
-    "io_engine": "uring | threads | auto",
-    "create_dirs": "create missing tier folders (default true with kvstream.tiers)",
-    "verify_reads": "check each chunk's checksum before LMCache sees it (default true)",
-    "hedge_after_s": "re-read a slow chunk from another replica after this many seconds",
-    "namespace": "extra string mixed into every key (separates caches sharing folders)",
-    "flush_after_ms": "deferred writes: longest wait before buffered puts go to the write queues",
-    "max_pending_write_bytes": "LMCache buffers held for writes; puts beyond it are dropped and counted",
-    "load_threads": "threads that run batch reads for the async prefetch path",
-    "read_into": "read payloads straight into LMCache's objects (default true); false: into the store's "
-                 "buffers, then copy",
-    "prefetch_ttl_s": "free a started prefetch no one collected after this many seconds",
-    "close_timeout_s": "how long close() waits for pending writes",
-    "shared_tiers": "NAME,NAME: tiers every node writes to (one folder for all nodes, e.g. on Lustre or CephFS); "
-                    "each node then owns and evicts only its own chunks there",
-    "node_id": "this node's label on shared tiers (default: the host name); nodes are told apart by a persistent "
-               "random id, so a label two nodes share does no harm",
-    "node_state_path": "file keeping this node's persistent id (default: node-id in the first node-local tier's "
-                       "folder); never on the shared file system",
-    "tenant_salt_file": "a file holding this deployment's secret tenant salt (16 bytes or more): keys of "
-                        "deployments with different salts never meet, even in one folder; never logged",
-    "tenant_salt_env": "the name of an environment variable holding the secret tenant salt (instead of a file)",
-    "strict": "true: if the store cannot be opened (bad key, dead or unwritable tier), LMCache fails to start "
-              "instead of logging the error and serving without kvstream",
-    "recompute_model": "the served model's name for the recompute cost model (e.g. llama-3-70b, qwen2.5-14b); with "
-                       "kvstream.recompute_gpu, lookups report a shorter hit when the GPU recomputes held chunks "
-                       "sooner than the tiers load them (a slow or stalled tier holding the tail)",
-    "recompute_gpu": "the GPU for the recompute cost model: h100, a100 or a800 (with kvstream.recompute_model)",
-    "recompute_tp": "tensor-parallel GPUs sharing one prefill, for the recompute cost model",
+# The smallest default of kvstream.max_pending_write_bytes (a tiny LMCache CPU pool still gets a useful budget).
+MIN_PENDING_BYTES = 64 << 20
+
+
+def pending_write_default(max_local_cpu_size_gb: float) -> int:
+    """The default of ``kvstream.max_pending_write_bytes``: a quarter of LMCache's CPU pool
+    (``max_local_cpu_size``, GB), so pending writes never starve LMCache's own allocations, and at least
+    :data:`MIN_PENDING_BYTES`."""
+    return max(int(float(max_local_cpu_size_gb) * (1 << 30)) // 4, MIN_PENDING_BYTES)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PluginKey:
+    """One ``kvstream.*`` key of LMCache's ``extra_config``: the one source of its meaning and default.
+
+    ``doc``: one line, for docs/config.md and for error messages. A key that sets the store field of the same
+    name (``store=True``) takes its type and default from :class:`StoreConfig` / :class:`TierConfig`. Any other
+    key has a ``type`` (for the docs) and either a ``default``, the value :func:`parse_extra_config` uses when the
+    key is absent (it reads it from here), or ``absent``: what leaving the key out means when there is no value
+    (a feature off, another key required, a default computed from LMCache's own settings)."""
+
+    doc: str
+    type: str = ""
+    default: str | int | float | bool | None = None
+    absent: str = ""
+    store: bool = False
+    # store keys only: the value the plugin gives the field when the tiers come from kvstream.tiers (create_dirs:
+    # folders named inline are created), where the store's own default would refuse a missing folder
+    tiers_default: bool | None = None
+
+    def default_text(self) -> str:
+        """The default as docs/config.md shows it."""
+        if self.store:
+            raise ValueError("a store key's default is its StoreConfig/TierConfig field's")
+        if self.absent:
+            return self.absent
+        v = self.default
+        if isinstance(v, bool):
+            return "true" if v else "false"
+        if isinstance(v, str):
+            return f'`"{v}"`'
+        if isinstance(v, float) and v.is_integer():
+            return str(int(v))
+        return str(v)
+
+
+# key (without the prefix) -> its PluginKey, in the order docs/config.md lists them
+PLUGIN_KEYS: dict[str, PluginKey] = {
+    "config_file": PluginKey(doc="a kvstream YAML file (tiers, memory_bytes, router, replication, io_engine, ...)",
+                             type="path", absent="—"),
+    "tiers": PluginKey(doc="NAME=PATH,NAME=PATH: directory tiers, fastest (node-local) first",
+                       type="`NAME=PATH,...`", absent="—"),
+    "capacity_bytes": PluginKey(doc="size of chunk files kept per tier: one size ('2TiB') or NAME=SIZE,NAME=SIZE",
+                                type="size or `NAME=SIZE,...`", absent="— (required with `kvstream.tiers`)"),
+    "memory_bytes": PluginKey(doc="the store's own host-memory tier (buffered writes and clean chunks)", store=True),
+    "router": PluginKey(doc="mitm | mitm:M | fixed:R | single:NAME", store=True),
+    "replication": PluginKey(doc="full | single | partial:F | lazy | selective", store=True),
+    "io_engine": PluginKey(doc="uring | threads | auto", store=True),
+    "create_dirs": PluginKey(doc="create missing tier folders", store=True, tiers_default=True),
+    "verify_reads": PluginKey(doc="check each chunk's checksum before LMCache sees it", store=True),
+    "hedge_after_s": PluginKey(doc="re-read a slow chunk from another replica after this many seconds", store=True),
+    "namespace": PluginKey(doc="extra string mixed into every key (separates caches sharing folders)",
+                           type="str", default=""),
+    "flush_after_ms": PluginKey(doc="deferred writes: longest wait before buffered puts go to the write queues",
+                                type="float", default=20.0),
+    "max_pending_write_bytes": PluginKey(
+        doc="LMCache buffers held for writes; puts beyond it are dropped and counted", type="size",
+        absent=f"¼ of LMCache's `max_local_cpu_size`, at least {MIN_PENDING_BYTES >> 20} MiB"),
+    "load_threads": PluginKey(doc="threads that run batch reads for the async prefetch path", type="int", default=4),
+    "read_into": PluginKey(doc="read payloads straight into LMCache's objects; false: into the store's buffers, "
+                               "then copy", type="bool", default=True),
+    "prefetch_ttl_s": PluginKey(doc="free a started prefetch no one collected after this many seconds",
+                                type="float", default=120.0),
+    "close_timeout_s": PluginKey(doc="how long close() waits for pending writes", type="float", default=120.0),
+    "shared_tiers": PluginKey(doc="NAME,NAME: tiers every node writes to (one folder for all nodes, e.g. on Lustre "
+                                  "or CephFS); each node then owns and evicts only its own chunks there",
+                              type="`NAME,...`", absent="— (no tier is shared)"),
+    "node_id": PluginKey(doc="this node's label on shared tiers; nodes are told apart by a persistent random id, so "
+                             "a label two nodes share does no harm", store=True),
+    "node_state_path": PluginKey(doc="file keeping this node's persistent id; never on the shared file system",
+                                 store=True),
+    "tenant_salt_file": PluginKey(doc="a file holding this deployment's secret tenant salt (16 bytes or more): keys "
+                                      "of deployments with different salts never meet, even in one folder; never "
+                                      "logged", type="path",
+                                  absent="— (no salt: the namespace alone separates deployments)"),
+    "tenant_salt_env": PluginKey(doc="the name of an environment variable holding the secret tenant salt (instead "
+                                     "of a file)", type="str", absent="—"),
+    "strict": PluginKey(doc="true: if the store cannot be opened (bad key, dead or unwritable tier), LMCache fails "
+                            "to start instead of logging the error and serving without kvstream",
+                        type="bool", default=False),
+    "recompute_model": PluginKey(doc="the served model's name for the recompute cost model (e.g. llama-3-70b, "
+                                     "qwen2.5-14b); with kvstream.recompute_gpu, lookups report a shorter hit when "
+                                     "the GPU recomputes held chunks sooner than the tiers load them (a slow or "
+                                     "stalled tier holding the tail)",
+                                 type="str", absent="— (off: every held chunk is reported)"),
+    "recompute_gpu": PluginKey(doc="the GPU for the recompute cost model: h100, a100 or a800 (with "
+                                   "kvstream.recompute_model)",
+                               type="str", absent="— (required with `kvstream.recompute_model`)"),
+    "recompute_tp": PluginKey(doc="tensor-parallel GPUs sharing one prefill, for the recompute cost model",
+                              type="int", default=1),
 }
 
-# For docs/config.md (kvstream.config.reference_markdown): type and default of each key that sets no store
-# field of the same name; tests/test_config_reference.py checks the defaults against parse_extra_config.
-KEY_DEFAULTS: dict[str, tuple[str, str]] = {
-    "config_file": ("path", "—"),
-    "tiers": ("`NAME=PATH,...`", "—"),
-    "capacity_bytes": ("size or `NAME=SIZE,...`", "— (required with `kvstream.tiers`)"),
-    "namespace": ("str", '`""`'),
-    "flush_after_ms": ("float", "20"),
-    "max_pending_write_bytes": ("size", "¼ of LMCache's `max_local_cpu_size`"),
-    "load_threads": ("int", "4"),
-    "read_into": ("bool", "true"),
-    "prefetch_ttl_s": ("float", "120"),
-    "close_timeout_s": ("float", "120"),
-    "shared_tiers": ("`NAME,...`", "— (no tier is shared)"),
-    "tenant_salt_file": ("path", "— (no salt: the namespace alone separates deployments)"),
-    "tenant_salt_env": ("str", "—"),
-    "strict": ("bool", "false"),
-    "recompute_model": ("str", "— (off: every held chunk is reported)"),
-    "recompute_gpu": ("str", "— (required with `kvstream.recompute_model`)"),
-    "recompute_tp": ("int", "1"),
-}
+# key (without the prefix) -> one line for the docs and the error messages
+KEYS: dict[str, str] = {name: key.doc for name, key in PLUGIN_KEYS.items()}
+
+# For docs/config.md (kvstream.config.reference_markdown): the type and default text of each key that sets no
+# store field of the same name, derived from PLUGIN_KEYS (tests/test_config_reference.py checks them both ways).
+KEY_DEFAULTS: dict[str, tuple[str, str]] = {name: (key.type, key.default_text())
+                                            for name, key in PLUGIN_KEYS.items() if not key.store}
+
+
+def _default(name: str) -> Any:
+    """The value :func:`parse_extra_config` uses for an absent key: the key's :class:`PluginKey` default."""
+    key = PLUGIN_KEYS[name]
+    if key.store or key.absent:
+        raise KeyError(f"kvstream.{name} has no value default")
+    return key.default
+
 
 # StoreConfig / TierConfig field -> the kvstream.<key> that sets it (the others: through kvstream.config_file)
 STORE_KEYS: dict[str, str] = {
@@ -272,14 +332,15 @@ def strict_mode(extra: Mapping[str, Any] | None) -> bool:
     Raises ConfigError for a value that is not a boolean: a value the operator wrote but we cannot read must
     not silently mean "serve without kvstream" (the plugin treats that error as strict)."""
     opts = flatten(extra)
-    return _as_bool("strict", opts["strict"]) if "strict" in opts else False
+    return _as_bool("strict", opts.get("strict", _default("strict")))
 
 
 def parse_extra_config(extra: Mapping[str, Any] | None, *, default_pending_bytes: int = 1 << 30) -> PluginOptions:
-    """Build :class:`PluginOptions` from LMCache's ``extra_config``; raise ConfigError naming the key.
+    """Build :class:`PluginOptions` from LMCache's ``extra_config``; raise ConfigError naming the key. An absent
+    key takes its :data:`PLUGIN_KEYS` default.
 
-    ``default_pending_bytes`` is the default of ``kvstream.max_pending_write_bytes`` (the plugin passes a
-    quarter of LMCache's CPU pool, so pending writes never starve LMCache's own allocations).
+    ``default_pending_bytes`` is the default of ``kvstream.max_pending_write_bytes``: the plugin passes
+    :func:`pending_write_default` of LMCache's ``max_local_cpu_size``.
     """
     opts = flatten(extra)
     for name in opts:
@@ -311,7 +372,9 @@ def parse_extra_config(extra: Mapping[str, Any] | None, *, default_pending_bytes
         for t in tiers:
             t["capacity_bytes"] = caps[t["name"]]
         data["tiers"] = tiers
-        data.setdefault("create_dirs", True)
+        for name, key in PLUGIN_KEYS.items():  # create_dirs: folders named inline are created
+            if key.tiers_default is not None:
+                data.setdefault(name, key.tiers_default)
         sources.append(_field("tiers"))
     elif "capacity_bytes" in opts:
         raise ConfigError(_field("capacity_bytes"), "only used with kvstream.tiers (the config file gives "
@@ -336,18 +399,21 @@ def parse_extra_config(extra: Mapping[str, Any] | None, *, default_pending_bytes
     except ConfigError as exc:
         raise attribute_error(exc, opts) from None
 
+    def given(name: str) -> Any:  # the value of a key with a value default (PLUGIN_KEYS), given or not
+        return opts.get(name, _default(name))
+
     return PluginOptions(
         store=store,
         store_source=" + ".join(sources),
-        namespace=str(opts.get("namespace", "")),
+        namespace=str(given("namespace")),
         tenant_salt=_tenant_salt(opts),
-        flush_after_s=float(_as_float("flush_after_ms", opts.get("flush_after_ms", 20), minimum=0.0)) / 1000.0,
+        flush_after_s=float(_as_float("flush_after_ms", given("flush_after_ms"), minimum=0.0)) / 1000.0,
         max_pending_write_bytes=parse_size(opts.get("max_pending_write_bytes", default_pending_bytes),
                                            _field("max_pending_write_bytes")),
-        load_threads=_as_int("load_threads", opts.get("load_threads", 4), minimum=1),
-        read_into=_as_bool("read_into", opts.get("read_into", True)),
-        prefetch_ttl_s=float(_as_float("prefetch_ttl_s", opts.get("prefetch_ttl_s", 120), minimum=0.001)),
-        close_timeout_s=float(_as_float("close_timeout_s", opts.get("close_timeout_s", 120), minimum=0.0)),
+        load_threads=_as_int("load_threads", given("load_threads"), minimum=1),
+        read_into=_as_bool("read_into", given("read_into")),
+        prefetch_ttl_s=float(_as_float("prefetch_ttl_s", given("prefetch_ttl_s"), minimum=0.001)),
+        close_timeout_s=float(_as_float("close_timeout_s", given("close_timeout_s"), minimum=0.0)),
         strict=strict_mode(extra),
         recompute=_recompute(opts),
     )
@@ -376,7 +442,8 @@ def _recompute(opts: Mapping[str, Any]) -> RecomputeOptions | None:
         get_gpu(gpu)
     except KeyError as exc:
         raise ConfigError(_field("recompute_gpu"), str(exc.args[0])) from None
-    return RecomputeOptions(model=model, gpu=gpu.lower(), tp=_as_int("recompute_tp", opts.get("recompute_tp", 1), minimum=1))
+    return RecomputeOptions(model=model, gpu=gpu.lower(),
+                            tp=_as_int("recompute_tp", opts.get("recompute_tp", _default("recompute_tp")), minimum=1))
 
 
 def _tenant_salt(opts: Mapping[str, Any]) -> bytes | None:

@@ -83,6 +83,7 @@ from kvstream.integrations._lmcache_config import (
     attribute_error,
     flatten,
     parse_extra_config,
+    pending_write_default,
     strict_mode,
 )
 from kvstream.integrations._lmcache_keys import KeyMapper
@@ -131,7 +132,6 @@ def _stop_loop(loop: Optional[asyncio.AbstractEventLoop]) -> None:
         except RuntimeError:  # already closed
             pass
 
-_MIN_PENDING_BYTES = 64 << 20
 _COPY_THREADS = 2  # copies overlap the store's reads; two keep up with ~10 GB/s of landing chunks
 _COPY_OFFLOAD_BYTES = 4 << 20  # smaller chunks are copied on the reading thread
 
@@ -236,6 +236,31 @@ def _release_when_done(fut: "Future[list[Optional[MemoryObj]]]") -> None:
     fut.add_done_callback(_done)
 
 
+def _no_cpu_backend(config: "LMCacheEngineConfig", metadata: "LMCacheMetadata") -> ConfigError:
+    """Why LMCache built this plugin without its CPU backend, and what to change.
+
+    LMCache builds storage backends in its *scheduler* process too when ``enable_scheduler_bypass_lookup`` is
+    set (``vllm_service_factory``: the scheduler then answers lookups from its own engine instead of asking the
+    workers), and there it creates no ``LocalCPUBackend`` (``storage_backend.CreateStorageBackends``: "for
+    scheduler role, local_cpu_backend is None"). kvstream cannot serve from there: it reads into LMCache's CPU
+    backend, and a second store opened in the scheduler would answer from its own index, not from what the
+    worker processes write and evict. So the scheduler role gets its own message (the worker's "set
+    max_local_cpu_size > 0" would send the operator the wrong way: that setting is not what is missing)."""
+    role = getattr(metadata, "role", None)
+    if role == "scheduler":
+        bypass = getattr(config, "enable_scheduler_bypass_lookup", None)
+        return ConfigError("enable_scheduler_bypass_lookup", (
+            f"LMCache is building its storage backends in the vLLM scheduler process (LMCache role "
+            f"'scheduler'; enable_scheduler_bypass_lookup is {bypass}), where it creates no CPU backend. kvstream "
+            "serves from the worker processes only (it reads into their CPU backend, and its index there is the one "
+            "their writes update): set enable_scheduler_bypass_lookup: false (LMCache's default), so the scheduler "
+            "asks the workers, which run kvstream"))
+    return ConfigError("max_local_cpu_size", (
+        f"the kvstream plugin needs LMCache's CPU backend as its allocator, and this {role or 'worker'} process "
+        f"has none (max_local_cpu_size is {getattr(config, 'max_local_cpu_size', None)}): set "
+        "max_local_cpu_size > 0"))
+
+
 class KVStreamBackend(StoragePluginInterface):  # type: ignore[misc]  # LMCache has no type hints: its base is Any
     """An LMCache storage plugin over a kvstream :class:`~kvstream.store.Store` (see the module docstring)."""
 
@@ -275,12 +300,10 @@ class KVStreamBackend(StoragePluginInterface):  # type: ignore[misc]  # LMCache 
             raise ConfigError("storage_plugins", "KVStreamBackend is built by LMCache's StorageManager "
                                                  "(it needs LMCache's config and metadata)")
         if local_cpu_backend is None:
-            raise ConfigError("max_local_cpu_size", "the kvstream plugin needs LMCache's CPU backend as its "
-                                                    "allocator: set max_local_cpu_size > 0")
-        cpu_pool = int(float(config.max_local_cpu_size) * (1 << 30))
+            raise _no_cpu_backend(config, metadata)
         extra = config.extra_config or {}
         self.options: PluginOptions = parse_extra_config(
-            extra, default_pending_bytes=max(cpu_pool // 4, _MIN_PENDING_BYTES))
+            extra, default_pending_bytes=pending_write_default(config.max_local_cpu_size))
         try:
             self.store: Store = open_store(self.options.store)
         except ConfigError as exc:
