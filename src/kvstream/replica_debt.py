@@ -35,7 +35,7 @@ from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 from kvstream.replication import FullReplication
 
@@ -46,6 +46,7 @@ __all__ = ["OwedReplicas", "CatchUp", "CatchUpPolicy", "DebtAction", "full_repli
            "check_replicas"]
 
 log = logging.getLogger("kvstream.store")
+_K = TypeVar("_K", bound=Hashable)  # a debt's key: bytes in the store, the simulator's chunk ids
 
 
 class OwedReplicas:
@@ -285,13 +286,12 @@ class CatchUpPolicy:
         """Whether a round pays this tier's debts now."""
         return usable and (limit is None or backlog < limit // 2)
 
-    def select(self, oldest: list[Hashable], newest: list[Hashable],
-               in_memory: Callable[[Hashable], bool]) -> list[Hashable]:
+    def select(self, oldest: list[_K], newest: list[_K], in_memory: Callable[[_K], bool]) -> list[_K]:
         """The debts one tier's round looks at, in order: of the ``newest`` and ``oldest`` debts (each up to
         ``batch``, as the caller found them), those whose chunk ``in_memory`` says host memory holds, newest
         first, then the rest oldest first; at most ``batch``."""
-        seen: set[Hashable] = set()
-        resident: list[Hashable] = []
+        seen: set[_K] = set()
+        resident: list[_K] = []
         for k in newest:
             if k not in seen and in_memory(k):
                 seen.add(k)
