@@ -62,7 +62,7 @@ __all__ = ["register", "run_replay", "SYSTEMS", "disk_warning", "check_setup", "
 
 SYSTEMS = ("kvstream", "kvstream-only", "kvstream+compute", "bidaw-only", "lmcache-like")
 # The default comparison: the full system and its ablations, two tiers or one x Bidaw's scheduling or FCFS. Each
-# runs --rounds times (about a minute a run), so the default stays within `make demo`'s ten minutes.
+# runs --rounds times (about a minute a run): 2 rounds of 4 keep `make demo` within ten minutes.
 DEFAULT_SYSTEMS = ("kvstream", "kvstream-only", "bidaw-only", "lmcache-like")
 # The other baselines of compute joins the meet-in-the-middle (kvstream.compute), by name only:
 # ``--systems kvstream+compute,kvstream-only,recompute-only,load-only`` is that comparison.
@@ -129,10 +129,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--out", default="kvstream-out", help="folder for tiers (unless --tier) and results")
     p.add_argument("--systems", default=",".join(DEFAULT_SYSTEMS),
                    help=f"comma-separated subset of {', '.join(ALL_SYSTEMS)} (default: {', '.join(DEFAULT_SYSTEMS)})")
-    p.add_argument("--rounds", type=positive_int, default=3,
+    p.add_argument("--rounds", type=positive_int, default=2,
                    help="run every system this many times, interleaved, the order rotated each round; the table "
                         "gives medians over rounds and, for each system against kvstream, the ratio of mean and P99 "
-                        "TTFT with a bootstrap 95 %% interval and a verdict (ahead / level / behind) (default: 3)")
+                        "TTFT with a bootstrap 95 %% interval and a verdict (ahead / level / behind). Two rounds keep "
+                        "the default run within ten minutes; more narrow the intervals (BENCHMARKS uses 5) "
+                        "(default: 2)")
     long_, small = SETUPS[DEFAULT_PRESET], SETUPS["agent-small"]
 
     def dflt(key: str) -> str:
