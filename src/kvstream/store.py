@@ -36,6 +36,7 @@ from typing import Any
 
 import numpy as np
 
+from kvstream.compute import checked_plan
 from kvstream.config import StoreConfig
 from kvstream.errors import ConfigError, StoreClosedError, UsageError
 from kvstream.eviction import AccessMeta
@@ -467,6 +468,8 @@ class Store:
             left = [i for i in disk_idx if keys[i] in req.leave]
             disk_idx, holders = [disk_idx[p] for p in keep], [holders[p] for p in keep]
         disk_keys = [keys[i] for i in disk_idx]
+        # A caller's plan is not trusted: a cost that is infinite, NaN or huge would hold the step for ever.
+        plan = checked_plan(req.plan, len(disk_idx)) if req is not None else None
 
         def on_end(step: ReadStep) -> None:
             self._after_read(disk_keys, holders, step)
@@ -476,7 +479,7 @@ class Store:
         if disk_idx:
             for out in self._reader.run(disk_keys, holders, "chunks",
                                         metas=[metas[i] for i in disk_idx] if metas else None, on_end=on_end,
-                                        compute=req.plan if req is not None else None, background=background):
+                                        compute=plan, background=background):
                 i = disk_idx[out.j]
                 if out.kind == "delivered":
                     assert out.header is not None and out.payload is not None
