@@ -15,7 +15,9 @@ A skipped second copy (backlog, open breaker, I/O error) is owed, not dropped: :
 writes it once the tier can take it.
 
 Locks: the store's ``_lock`` guards the pending list together with host-memory inserts and removes;
-``_writes_cv`` the in-flight counts.
+``_writes_cv`` the in-flight counts (order: ``_lock`` before ``_writes_cv``, never the other way). A flush
+counts itself as handing over (``_handing_over``) in the same critical section that takes the pending list, so
+:meth:`Writer.drain` on any thread also waits for copies another thread's flush has taken and not yet counted.
 """
 
 from __future__ import annotations
@@ -76,6 +78,9 @@ class Writer:
         n = len(store.tiers)
         self._pending: list[_PendingWrite] = []  # guarded by store._lock
         self._writes_inflight = 0
+        # Flushes that took pending copies and are still handing them over (outside the store's lock): a drain
+        # on another thread waits for them too, or it could report done before those copies were counted.
+        self._handing_over = 0
         self._write_backlog = [0] * n  # bytes handed to each tier's writer and not finished
         self._write_busy_since: list[float | None] = [None] * n  # when the tier's backlog last left zero
         self._copying: set[tuple[int, bytes]] = set()  # (tier, key) of copies handed over and not finished
@@ -170,6 +175,18 @@ class Writer:
         with self.store._lock:
             pending, self._pending = self._pending, []
             self.store._c["flushes"] += 1
+            if not pending:
+                return 0
+            with self._writes_cv:  # taken with the list: a drain from here on waits for this hand-over
+                self._handing_over += 1
+        try:
+            return self._hand_over(pending)
+        finally:
+            with self._writes_cv:
+                self._handing_over -= 1
+                self._writes_cv.notify_all()
+
+    def _hand_over(self, pending: list[_PendingWrite]) -> int:
         now = time.monotonic()
         submitted = 0
         for pw in pending:
@@ -361,7 +378,8 @@ class Writer:
         log.warning("tier %s: write failed (%s); copy skipped", tier.name, os.strerror(-err) if err < 0 else err)
 
     def drain(self, timeout: float | None = None) -> bool:
-        """Wait until every submitted write has been published or has failed."""
+        """Wait until every copy handed over, or being handed over by a flush on any thread, has been
+        published or has failed."""
         with self._writes_cv:
-            return self._writes_cv.wait_for(lambda: self._writes_inflight == 0, timeout)
+            return self._writes_cv.wait_for(lambda: self._writes_inflight == 0 and self._handing_over == 0, timeout)
 
