@@ -134,7 +134,7 @@ class ReadIntoResult:
     nbytes: int = 0
     meta: ChunkMeta | None = None
     busy: bool = False
-    reason: str = ""  # why not ok: absent, unreadable, target_too_small, stalled
+    reason: str = ""  # why not ok: absent, unreadable, target_too_small, stalled, closed
 
 
 def _as_bytes_view(payload: Any) -> tuple[memoryview, ChunkMeta | None]:
@@ -230,17 +230,29 @@ class Store:
         A tier whose writes or reads are still in flight when the time is up (a stalled device) is not waited
         for: its rings still own the buffers the kernel writes from, so a daemon thread closes them once they
         drain, and the report names the tier (its unfinished copies are not on it). A tier that fails to close
-        (EIO from a dead file system) is logged and named in the report; the other tiers still close."""
+        (EIO from a dead file system) is logged and named in the report; the other tiers still close.
+
+        Reads on other threads: a read call (``get_many``, ``read_iter``, ``read_chunks``, ``read_into``,
+        ``get_meta``) in progress when close starts returns promptly: what it delivered stays valid (views pin
+        their buffers), and every chunk that had not landed is a miss (``None``; ``read_into`` reports
+        ``ok=False, reason="closed"``); no read is issued after that. The one wait left is the documented one
+        of ``read_into``: a read already writing into a caller's target is waited for by that call. A call
+        started after close raises :class:`~kvstream.errors.StoreClosedError`."""
         if self._closed:
             return CloseReport(drained=True)
         if timeout is None:
             timeout = self.config.close_timeout_s
+        deadline = None if timeout is None else time.monotonic() + timeout
         self._catch_up.stop()  # what is still owed stays in the journal for the next open
         self.flush()
         drained = self.drain(timeout)
         self._closed = True
         self._writer.close(wait=drained)
+        # Reads running on other threads end now (what has not landed is a miss); the reads they already
+        # submitted land on the rings, and a tier is stuck only if they have not landed by the deadline.
         self._reader.close()
+        for t in self.tiers:
+            t.read_ring.drain(None if deadline is None else max(0.0, deadline - time.monotonic()))
         stuck: list[str] = []
         errors: list[str] = []
         for t in self.tiers:
@@ -486,6 +498,8 @@ class Store:
                     yield i, Chunk(key=keys[i], meta=out.header.meta, payload=out.payload, source=out.source)
                 elif out.kind == "computed":
                     yield i, RECOMPUTED
+                elif out.kind == "closed":  # the store closed under the call: a miss, not a lost chunk
+                    misses.append(i)
                 else:
                     self._c["lost_chunks"] += 1
                     misses.append(i)
@@ -624,6 +638,9 @@ class Store:
                     elif out.kind == "busy":
                         busy.add(i)
                         yield i, ReadIntoResult(ok=False, busy=True, reason="stalled")
+                    elif out.kind == "closed":  # the store closed under the call
+                        self._c["misses"] += 1
+                        yield i, ReadIntoResult(ok=False, reason="closed")
                     else:
                         self._c["lost_chunks"] += 1
                         lost.append(i)
