@@ -367,7 +367,12 @@ class Reader:
             self._release(call, landed, late=a.late)
         elif isinstance(a, Stalled):
             self.store._c["stalled_reads"] += 1
-            self.store.health[a.tier].on_failure(time.monotonic())
+            now = time.monotonic()
+            with call.mu:  # since when the tier's oldest read of this step is out
+                since = min((tag.started for rid, tag in call.tags.items() if tag.tier == a.tier
+                             and call.step.reads[rid].state in (ReadState.OPENING, ReadState.IN_FLIGHT)),
+                            default=now)
+            self.store.health[a.tier].on_stall(now, since)
 
     def _act_elsewhere(self, call: _Call, acts: list[Any]) -> None:
         """Carry out actions on an open or ring thread. A chunk lost there is already resolved in the step (the
@@ -538,7 +543,7 @@ class Reader:
                 store.tiers[tag.tier].counters.duplicate_chunks += 1
                 # A probe read that lost its race to the other replica still shows the tier answers again.
                 health = store.health[tag.tier]
-                if tag.result >= tag.nbytes and health.state == "half-open" and health.on_success():
+                if tag.result >= tag.nbytes and health.state == "half-open" and health.on_success(time.monotonic()):
                     store.read_windows.forget(tag.tier)
             elif tag.result < 0 and -tag.result not in _GONE and not self._closing:
                 # Nobody waited for this read (the other replica won), but the tier still failed it: the breaker
@@ -598,7 +603,7 @@ class Reader:
         c.read_bytes += tag.result
         c.read_chunks += 1
         c.note_latency(tag.latency)
-        if store.health[tag.tier].on_success():  # recovered: its speed estimate still carries the fault
+        if store.health[tag.tier].on_success(time.monotonic()):  # recovered: its speed estimate carries the fault
             store.read_windows.forget(tag.tier)
         store._remember_meta(header)
         tag.header = header
@@ -688,16 +693,22 @@ class Reader:
         return max(range(len(est)), key=lambda t: est[t])  # type: ignore[arg-type, return-value]
 
     def _count_stragglers(self, hedge_after: float) -> None:
-        """Leftover reads older than ``hedge_after`` are one failure of their tier per step, however many there are
-        (a stall is one event; counting each stuck read would open the breaker on a single bad moment)."""
+        """Leftover reads older than ``hedge_after`` are one stall of their tier per step, however many there are
+        (a stall is one event; counting each stuck read would open the breaker on a single bad moment), dated by
+        the oldest still out; the breaker decides whether it is a failure
+        (:meth:`kvstream.health.CircuitBreaker.on_stall`: out past its floor with nothing delivered since).
+        ``stalled_reads`` counts each late read once."""
         now = time.monotonic()
         with self._straggler_lock:
-            late = []
+            late: dict[int, float] = {}  # tier -> since when its oldest read still out past the deadline is out
+            n_late = 0
             for t, reads in enumerate(self._stragglers):
                 for rec in reads.values():
-                    if not rec[1] and now - rec[0] > hedge_after:
-                        rec[1] = True
-                        late.append(t)
-        self.store._c["stalled_reads"] += len(late)
-        for t in set(late):
-            self.store.health[t].on_failure(now)
+                    if now - rec[0] > hedge_after:
+                        late[t] = min(late.get(t, rec[0]), rec[0])
+                        if not rec[1]:
+                            rec[1] = True
+                            n_late += 1
+        self.store._c["stalled_reads"] += n_late
+        for t, since in late.items():  # a failure only if the tier is hung, not slow (health.on_stall)
+            self.store.health[t].on_stall(now, since)
