@@ -307,10 +307,12 @@ def test_a_stalled_tier_is_hedged_taken_out_and_probed_back_in(disk_tmp):
     s, plan, engine = faulty(cfg, Fault(kind="delay", rings="local-r", delay_s=20.0))
     try:
         s.health[0].cooldown_s = 0.3
+        s.health[0].stall_floor_s = 0.1  # (default 1 s) a stall is a failure once out this long, nothing delivered
         steps = []
-        # Each stalled step is one failure of the tier: hedged within the step, or its reads still stuck past
-        # hedge_after_s when the next step starts. Three open its breaker: by the fourth step at the latest.
-        for _ in range(4):
+        # Each stalled step is one stall of the tier: hedged within the step, or its reads still stuck past
+        # hedge_after_s when the next step starts. Once they are out past the floor with nothing delivered by the
+        # tier meanwhile, each is a failure; three open its breaker.
+        for _ in range(12):
             s.evict_memory()
             t0 = time.monotonic()
             out = s.get_many(keys)

@@ -287,6 +287,7 @@ def test_get_meta_reads_headers_from_the_other_replica_when_a_tier_stalls(disk_t
     cfg = config(disk_tmp, hedge_after_s=0.05)
     data, keys = stored(cfg, 4)
     s, plan, engine = _stalled_store(cfg, 2.0)  # every local read held back 2 s
+    s.health[0].stall_floor_s = 0.05  # (default 1 s) a stall is a failure once out this long
     try:
         t0 = time.monotonic()
         metas = s.get_meta(keys)

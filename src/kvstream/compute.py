@@ -45,11 +45,20 @@ prefix is loaded, and vLLM's prefill then computes every token after it), the on
 :func:`loaded_prefix` picks how many held leading chunks to load, the GPU recomputing the rest after them.
 
 Invariant: a plan never asks for more than the chain, and ``front`` is inside it (0 <= front <= len(cost_s)).
+
+Costs are inputs from outside (a serving core's model, a caller's own :class:`ComputePlan`), so they are never
+trusted: a chunk whose cost is not finite, is negative, or exceeds ``max_cost_s`` (default
+:data:`MAX_CHUNK_COST_S`) cannot be recomputed, and the chain ends before it (:func:`usable_chain`; prefix
+order: nothing after it is usable either). Why: the read step waits for the chunk compute holds, so one
+infinite or huge cost held ``Store.read_chunks`` for ever (an ``inf`` timer never fires). Bandwidths that are
+not finite and positive are treated as unmeasured samples and ignored. :func:`checked_plan` applies the same
+rule to any plan a caller hands the store.
 """
 
 from __future__ import annotations
 
 import heapq
+import math
 from collections import Counter
 from collections.abc import Collection, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -60,7 +69,48 @@ from kvstream.read_step import ComputePlan
 H = TypeVar("H", bound=Hashable)
 
 __all__ = ["ComputePolicy", "best_split", "gpu_share", "item_chains", "merge_chains", "split_load", "LoadSplit",
-           "leading_computed", "compute_order_hint", "loaded_prefix"]
+           "leading_computed", "compute_order_hint", "loaded_prefix", "usable_chain", "checked_plan",
+           "MAX_CHUNK_COST_S"]
+
+# The longest a compute source may spend on one chunk (GPU seconds, at the share it is given). A chunk that
+# would take longer is read, never recomputed: the step waits for the chunk compute holds, and a minute on one
+# chunk is a model gone wrong (a near-zero GPU share, a unit error), not a plan.
+MAX_CHUNK_COST_S = 60.0
+
+
+def _cost_ok(c: float, max_cost_s: float) -> bool:
+    return math.isfinite(c) and 0.0 <= c <= max_cost_s
+
+
+def usable_chain(cost_s: Sequence[float], max_cost_s: float = MAX_CHUNK_COST_S) -> tuple[float, ...]:
+    """The leading costs a compute source may take: up to (not including) the first that is not finite, is
+    negative or exceeds ``max_cost_s``. Chunks are recomputed in prefix order, so nothing after that one is
+    usable either."""
+    n = 0
+    while n < len(cost_s) and _cost_ok(float(cost_s[n]), max_cost_s):
+        n += 1
+    return tuple(float(c) for c in cost_s[:n])
+
+
+def checked_plan(plan: ComputePlan | None, n_chunks: int | None = None,
+                 max_cost_s: float = MAX_CHUNK_COST_S) -> ComputePlan | None:
+    """``plan`` made safe for a read step of ``n_chunks`` chunks (None: any): its chain cut at the first cost
+    :func:`usable_chain` refuses and at the step's length, bandwidths that are not finite and positive set to 0
+    (unmeasured), ``front`` inside the chain, a margin that is not finite and >= 0 set to the default. None
+    when nothing is left to recompute (the tiers alone). The store applies it to every plan it is handed."""
+    if plan is None:
+        return None
+    chain = usable_chain(plan.cost_s, max_cost_s)
+    if n_chunks is not None:
+        chain = chain[: max(n_chunks, 0)]
+    if not chain:
+        return None
+    bandwidth = tuple(float(b) if math.isfinite(b) and b > 0 else 0.0 for b in plan.bandwidth)
+    front = min(max(int(plan.front), 0), len(chain))
+    margin = plan.margin if math.isfinite(plan.margin) and plan.margin >= 0 else 0.1  # ComputePlan's default
+    if chain == plan.cost_s and bandwidth == plan.bandwidth and front == plan.front and margin == plan.margin:
+        return plan
+    return ComputePlan(cost_s=chain, bandwidth=bandwidth, front=front, margin=margin)
 
 
 def _common(a: Sequence[Hashable], b: Sequence[Hashable]) -> int:
@@ -171,6 +221,8 @@ def split_load(policy: "ComputePolicy", items: Sequence[Sequence[Hashable]], dis
     dropped = {idx[c] for k, first in leave.items() for c in items[k][first:] if c in idx}
     kept = [i for i in range(len(disk)) if i not in dropped]
     head, costs = merge_chains(items, chains, cost_s)  # a left item has no chain, nor shares a chunk
+    m = len(usable_chain(costs, policy.max_cost_s))  # a chunk compute cannot take ends the merged chain
+    head, costs = head[:m], costs[:m]
     if reorder:
         first = [idx[c] for c in head]
         taken = set(first)
@@ -261,9 +313,20 @@ def loaded_prefix(load_s: Sequence[float], cost_s: Sequence[float]) -> int:
     tail. O(n), one pass."""
     if len(load_s) != len(cost_s):
         raise ValueError(f"loaded_prefix: {len(load_s)} load times but {len(cost_s)} costs")
-    best_k, best, total = 0, 0.0, 0.0  # total: the change from k = 0 (recompute everything) to k
-    for j, (load, cost) in enumerate(zip(load_s, cost_s)):
-        total += load - cost
+    # Not trusted (module docstring): a load time or a cost that is not a number >= 0 is infinite: that chunk
+    # cannot be loaded (a tier that delivers nothing) or recomputed. k lies in [lo, hi]: past the last chunk
+    # that cannot be recomputed and before the first that cannot be loaded; if there is no such k, load what
+    # can be loaded (an infinite cost is an estimate, an infinite load time a tier that delivers nothing).
+    n = len(load_s)
+    load = [float(x) if x >= 0 else math.inf for x in load_s]  # NaN compares False: infinite too
+    cost = [float(x) if x >= 0 else math.inf for x in cost_s]
+    hi = next((j for j, x in enumerate(load) if math.isinf(x)), n)
+    lo = max((j + 1 for j, x in enumerate(cost) if math.isinf(x)), default=0)
+    if lo > hi:
+        return hi
+    best_k, best, total = lo, 0.0, 0.0  # total: the change from k = lo to k (every term finite here)
+    for j in range(lo, hi):
+        total += load[j] - cost[j]
         if total <= best:
             best_k, best = j + 1, total
     return best_k
@@ -285,12 +348,14 @@ def gpu_share(running: int, max_running: int, blocking: bool, busy: float = 0.0)
 class ComputePolicy:
     """See the module docstring. ``alpha``: weight of a new bandwidth sample; ``margin``: the step's claim
     margin; ``min_chunks``: a chain shorter than this is not worth a plan (a recompute pays the step's
-    launch overhead too)."""
+    launch overhead too); ``max_cost_s``: a chunk costing more (or a cost that is not a finite number >= 0)
+    ends the chain (:func:`usable_chain`)."""
 
     n_tiers: int
     alpha: float = 0.3
     margin: float = 0.1
     min_chunks: int = 1
+    max_cost_s: float = MAX_CHUNK_COST_S
     bandwidth: list[float | None] = field(default_factory=list)
     plans: int = 0  # plans handed out
     declined: int = 0  # steps where the policy chose the tiers alone
@@ -301,12 +366,17 @@ class ComputePolicy:
             self.bandwidth = [None] * self.n_tiers
         if len(self.bandwidth) != self.n_tiers:
             raise ValueError(f"compute policy: {self.n_tiers} tiers but {len(self.bandwidth)} bandwidths")
+        # A bandwidth that is not a finite number >= 0 is not a measurement (0 is one: a tier that delivered
+        # nothing).
+        self.bandwidth = [b if b is not None and math.isfinite(b) and b >= 0 else None for b in self.bandwidth]
 
     def observe(self, tier: int, nbytes: int, busy_s: float) -> None:
         """A step's reads on ``tier``: ``nbytes`` checked ok over ``busy_s`` seconds with a read in flight."""
-        if nbytes <= 0 or busy_s <= 0:
-            return
+        if not (nbytes > 0 and busy_s > 0 and math.isfinite(nbytes) and math.isfinite(busy_s)):
+            return  # nothing measured (NaN compares False)
         bw = nbytes / busy_s
+        if not math.isfinite(bw):
+            return
         old = self.bandwidth[tier]
         self.bandwidth[tier] = bw if old is None else (1 - self.alpha) * old + self.alpha * bw
 
@@ -314,6 +384,7 @@ class ComputePolicy:
              ) -> ComputePlan | None:
         """A plan for a step of chunks of ``nbytes`` whose first ``len(cost_s)`` may be recomputed; ``tiers``:
         the tiers that hold the step's chunks (None: all). None = no compute (see the module docstring)."""
+        cost_s = usable_chain(cost_s, self.max_cost_s)
         if len(cost_s) < self.min_chunks or not cost_s:
             return None
         use = range(self.n_tiers) if tiers is None else tiers
@@ -338,6 +409,7 @@ class ComputePolicy:
     def estimate(self, cost_s: Sequence[float], nbytes: Sequence[int], tiers: Sequence[int] | None = None) -> int:
         """The front :meth:`plan` would give these chunks now (0: none), without counting a plan: what a
         scheduler is told of a request whose load has not started."""
+        cost_s = usable_chain(cost_s, self.max_cost_s)
         if len(cost_s) < self.min_chunks or not cost_s:
             return 0
         use = range(self.n_tiers) if tiers is None else tiers
@@ -351,6 +423,8 @@ class ComputePolicy:
         bws = [self.bandwidth[t] for t in tiers]
         if not cost_s or not bws or any(b is None for b in bws):
             return False
+        if len(usable_chain(cost_s, self.max_cost_s)) < len(cost_s):
+            return False  # a chunk of it cannot be recomputed: read it
         bw = sum(b for b in bws if b)
         if bw <= 0:
             return True

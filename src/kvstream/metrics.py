@@ -64,6 +64,11 @@ _STORE_SERIES = {
     "puts": ("puts", "Chunks put", "counter"),
     "put_bytes": ("put_bytes", "Payload bytes put", "counter"),
     "puts_dropped_no_memory": ("puts_dropped_no_memory", "Puts dropped because host memory was all unwritten", "counter"),
+    "puts_dropped_unstored": ("puts_dropped_unstored",
+                              "Puts refused because half of host memory held puts no tier could take", "counter"),
+    "unstored_chunks": ("unstored_chunks", "Acknowledged puts with no copy on any tier (kept in host memory until "
+                        "one lands)", "gauge"),
+    "unstored_bytes": ("unstored_bytes", "Chunk-file bytes of acknowledged puts with no copy on any tier", "gauge"),
     "memory_hits": ("memory_hits", "Chunks served from host memory", "counter"),
     "disk_hits": ("disk_hits", "Chunks served from a disk tier", "counter"),
     "misses": ("misses", "Chunks asked for and not found (or lost to errors)", "counter"),
@@ -78,6 +83,12 @@ _STORE_SERIES = {
     "catch_up_reads": ("catch_up_reads", "Owed replicas read back from another tier before their copy", "counter"),
     "catch_up_reads_deferred": ("catch_up_reads_deferred",
                                 "Catch-up read-backs put off because a serving read step was in flight", "counter"),
+    "catch_up_reads_waited": ("catch_up_reads_waited",
+                              "Catch-up read-backs put off: host memory had no room to keep them, or backing off",
+                              "counter"),
+    "catch_up_reads_wasted": ("catch_up_reads_wasted", "Catch-up read-backs host memory did not keep", "counter"),
+    "catch_up_gave_up": ("catch_up_gave_up", "Owed copies no longer read back in this process (each read back "
+                         "max_read_backs times without being kept)", "counter"),
 }
 
 # MemoryStats field -> (metric suffix, help, kind)

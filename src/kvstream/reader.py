@@ -92,7 +92,8 @@ class _Tag:
 @dataclass(frozen=True, slots=True)
 class ReadOutcome:
     """One chunk's result from :meth:`Reader.run`. ``kind``: delivered, lost, busy, too_small, computed (the
-    GPU recomputed it: no payload; only with a compute plan)."""
+    GPU recomputed it: no payload; only with a compute plan), closed (the store closed before it landed: a
+    miss)."""
 
     j: int
     kind: str
@@ -143,6 +144,10 @@ class Reader:
         self._straggler_lock = threading.Lock()
         self._active = 0  # steps begun and not ended, background ones (the catch-up's read-backs) excluded
         self._active_lock = threading.Lock()
+        self._calls: set[_Call] = set()  # every step running now (guarded by _active_lock): close() wakes them
+        self._closing = False  # set once by close(): running steps end, their unresolved chunks are misses
+        self._submitting = 0  # threads inside a ring submission (guarded by _active_lock)
+        self._quiet = threading.Condition(self._active_lock)  # notified when the last submission ends
 
     @property
     def active_steps(self) -> int:
@@ -150,8 +155,29 @@ class Reader:
         return self._active
 
     def close(self) -> None:
-        for ex in self._openers:  # a stuck open must not hold close(): its thread ends when the open does
+        """The store is closing: every step running on another thread ends at once (its chunks not resolved
+        yet are reported ``closed``: misses), and no step starts any more. Returns once no thread is inside a
+        ring submission: no read is submitted after that (a refill, an open done, a hedge: each fails quietly,
+        neither counted nor blamed on the tier), so the reads already submitted are all there is; they land on
+        the rings (the store waits for those, within its timeout, before it closes them), and a read into a
+        caller's target is still waited for by its own call, as ever."""
+        with self._active_lock:
+            self._closing = True
+            calls = list(self._calls)
+            # From here no read is submitted (a Submit completes as failed, quietly); wait for those being
+            # submitted right now, so that a drain of the read rings after this covers every read there is.
+            self._quiet.wait_for(lambda: self._submitting == 0, timeout=5.0)
+        for call in calls:
+            call.q.put(None)  # wake its consumer: it sees _closing and ends the step
+        for ex in self._openers:  # a stuck open must not hold close(): its thread ends when the open does.
+            # Queued opens are cancelled: their steps have ended (or end now), so nothing waits for them.
             ex.shutdown(wait=False, cancel_futures=True)
+
+    @property
+    def running_calls(self) -> int:
+        """Steps begun and not ended (background ones included)."""
+        with self._active_lock:
+            return len(self._calls)
 
     # -- one step -------------------------------------------------------------------------------------------
     def run(self, keys: Sequence[bytes], holders: list[list[int]], mode: str, *,
@@ -197,16 +223,22 @@ class Reader:
             call.removal_seq = store.removals.now()
         if hedge:
             self._count_stragglers(hedge)
-        if not background:
-            with self._active_lock:
-                self._active += 1
+        with self._active_lock:
+            closing = self._closing
+            if not closing:
+                self._calls.add(call)
+                self._active += not background
+        if closing:  # the store closed after this call checked it was open: nothing is read
+            for j in range(len(keys)):
+                yield ReadOutcome(j, "closed")
+            return
         try:
             with call.mu:
                 acts = step.start(time.monotonic())
             yield from self._carry_out(call, acts)
             while True:
                 with call.mu:
-                    if step.done:
+                    if step.done or self._closing:
                         break
                     deadline = step.next_deadline()
                 now = time.monotonic()
@@ -238,10 +270,15 @@ class Reader:
                     acts = step.checked(tag.rid, time.monotonic(), ok)
                 yield from self._carry_out(call, acts)
         finally:
-            if not background:
-                with self._active_lock:
-                    self._active -= 1
+            with self._active_lock:
+                self._calls.discard(call)
+                self._active -= not background
             self._end(call)
+        if self._closing:  # ended by close(): nothing more is asked of the store (no copies ordered)
+            for j, state in enumerate(step.chunks):
+                if state is ChunkState.LOST or state is ChunkState.PENDING:
+                    yield ReadOutcome(j, "closed" if state is ChunkState.PENDING else "lost")
+            return
         if on_end is not None:
             on_end(step)
         for j, state in enumerate(step.chunks):
@@ -306,6 +343,11 @@ class Reader:
             with call.mu:
                 call.tags[a.read] = tag
                 ahead = call.opened.pop((a.tier, a.chunk), None)
+            if self._closing:  # no new reads once the store closes: the open fails (one opened ahead is closed)
+                if ahead is not None:
+                    _close_quietly(ahead[0])
+                self._open_done(call, tag, None, None)
+                return
             if a.hedged:
                 self.store._c["hedged_reads"] += 1
             if ahead is not None:  # opened ahead: submit from this thread at once (no hop, no syscall)
@@ -325,7 +367,12 @@ class Reader:
             self._release(call, landed, late=a.late)
         elif isinstance(a, Stalled):
             self.store._c["stalled_reads"] += 1
-            self.store.health[a.tier].on_failure(time.monotonic())
+            now = time.monotonic()
+            with call.mu:  # since when the tier's oldest read of this step is out
+                since = min((tag.started for rid, tag in call.tags.items() if tag.tier == a.tier
+                             and call.step.reads[rid].state in (ReadState.OPENING, ReadState.IN_FLIGHT)),
+                            default=now)
+            self.store.health[a.tier].on_stall(now, since)
 
     def _act_elsewhere(self, call: _Call, acts: list[Any]) -> None:
         """Carry out actions on an open or ring thread. A chunk lost there is already resolved in the step (the
@@ -432,7 +479,17 @@ class Reader:
             ops = [IOOp(kind=OpKind.READ, fd=tag.fd, buf=tag.buf, length=a.nbytes, offset=0,
                         callback=lambda op: self._on_complete(call, op), tag=tag)]
         try:
-            ring.submit(ops)
+            with self._active_lock:  # the check and the count together: close() then waits for this submit
+                if self._closing:
+                    raise StoreClosedError("store is closing")
+                self._submitting += 1
+            try:
+                ring.submit(ops)
+            finally:
+                with self._active_lock:
+                    self._submitting -= 1
+                    if not self._submitting and self._closing:
+                        self._quiet.notify_all()
         except (StoreClosedError, OSError) as exc:
             err = -(getattr(exc, "errno", None) or 5)
             for op in ops:
@@ -486,9 +543,9 @@ class Reader:
                 store.tiers[tag.tier].counters.duplicate_chunks += 1
                 # A probe read that lost its race to the other replica still shows the tier answers again.
                 health = store.health[tag.tier]
-                if tag.result >= tag.nbytes and health.state == "half-open" and health.on_success():
+                if tag.result >= tag.nbytes and health.state == "half-open" and health.on_success(time.monotonic()):
                     store.read_windows.forget(tag.tier)
-            elif tag.result < 0 and -tag.result not in _GONE:
+            elif tag.result < 0 and -tag.result not in _GONE and not self._closing:
                 # Nobody waited for this read (the other replica won), but the tier still failed it: the breaker
                 # must hear of it, or a tier that only ever loses races would never be taken out.
                 store.tiers[tag.tier].counters.read_errors += 1
@@ -514,7 +571,8 @@ class Reader:
             tag.fd = -1
         where = f"{tier.name}:{tier.relpath(tag.key)}"
         if tag.result < 0:
-            self._read_failed(tag.tier, tag.key, tag.result, where)
+            if not self._closing:  # a ring closed under the read is the store's doing, not the tier's
+                self._read_failed(tag.tier, tag.key, tag.result, where)
             return False
         t0 = time.perf_counter()
         try:
@@ -545,7 +603,7 @@ class Reader:
         c.read_bytes += tag.result
         c.read_chunks += 1
         c.note_latency(tag.latency)
-        if store.health[tag.tier].on_success():  # recovered: its speed estimate still carries the fault
+        if store.health[tag.tier].on_success(time.monotonic()):  # recovered: its speed estimate carries the fault
             store.read_windows.forget(tag.tier)
         store._remember_meta(header)
         tag.header = header
@@ -635,16 +693,22 @@ class Reader:
         return max(range(len(est)), key=lambda t: est[t])  # type: ignore[arg-type, return-value]
 
     def _count_stragglers(self, hedge_after: float) -> None:
-        """Leftover reads older than ``hedge_after`` are one failure of their tier per step, however many there are
-        (a stall is one event; counting each stuck read would open the breaker on a single bad moment)."""
+        """Leftover reads older than ``hedge_after`` are one stall of their tier per step, however many there are
+        (a stall is one event; counting each stuck read would open the breaker on a single bad moment), dated by
+        the oldest still out; the breaker decides whether it is a failure
+        (:meth:`kvstream.health.CircuitBreaker.on_stall`: out past its floor with nothing delivered since).
+        ``stalled_reads`` counts each late read once."""
         now = time.monotonic()
         with self._straggler_lock:
-            late = []
+            late: dict[int, float] = {}  # tier -> since when its oldest read still out past the deadline is out
+            n_late = 0
             for t, reads in enumerate(self._stragglers):
                 for rec in reads.values():
-                    if not rec[1] and now - rec[0] > hedge_after:
-                        rec[1] = True
-                        late.append(t)
-        self.store._c["stalled_reads"] += len(late)
-        for t in set(late):
-            self.store.health[t].on_failure(now)
+                    if now - rec[0] > hedge_after:
+                        late[t] = min(late.get(t, rec[0]), rec[0])
+                        if not rec[1]:
+                            rec[1] = True
+                            n_late += 1
+        self.store._c["stalled_reads"] += n_late
+        for t, since in late.items():  # a failure only if the tier is hung, not slow (health.on_stall)
+            self.store.health[t].on_stall(now, since)

@@ -9,10 +9,20 @@ that holds it. A debt ends when the copy is published on the tier, or when the c
 (evicted by policy from every tier: nothing is left to copy, and nothing was lost that policy did not drop).
 
 Persistence: a journal of text lines in the first tier's folder, ``owed/<node_id>.log`` (``+TIER KEYHEX`` owes,
-``-TIER KEYHEX`` pays), rewritten compacted at open. Appends are small and unsynced: a crash may forget the
-debts of its last moments (those chunks keep their first copy; ``kvstream verify --config`` finds what the
-policy says is missing). Nothing read from the journal is trusted: a line that is not a known tier and a hex
-key of 1..64 bytes is skipped.
+``-TIER KEYHEX`` pays). Write-ahead: every copy the writer issues is journalled (``+``) *before* it is issued
+(:meth:`OwedReplicas.intend`) and cleared (``-``) when it lands, so a copy in flight when the process is killed,
+or when ``close(timeout)`` gives up on a stalled tier, is owed at the next open (87 of 87 such copies were
+forgotten before). Appends are small and unsynced: a crash of the machine (not of the process) may forget the
+records of its last moments (those chunks keep their first copy; ``kvstream verify --config`` finds what the
+policy says is missing).
+
+At open the whole journal is read, streamed in blocks (memory bounded by the live set, whatever the file's
+size; it used to be read only to 64 MiB, and a probe lost 49 of 50 live debts past that), and rewritten as the
+live set. Nothing read from it is trusted: a line that is not a known tier and a hex key of 1..64 bytes is
+skipped, a line longer than any record is junk, and an unterminated last line (a crash mid-append) is dropped
+with a warning. While open, the catch-up thread rewrites it (a temporary, fsynced, renamed over it; appends
+made meanwhile are carried over) once it holds more than four records per live debt and at least 4096: with
+write-ahead records a busy store appends two per copy, and it grew ~100 KB/min in a soak before.
 
 When the first tier is the one failing, its journal fails with it, and the debts owed *to* it are exactly the
 ones to keep. The journal then moves to a fallback on another tier (``owed/<node uid>.log`` there: a shared
@@ -28,10 +38,11 @@ a tier that full replication also writes). :func:`full_replication_deficits` is 
 from __future__ import annotations
 
 import logging
+import math
 import os
 import threading
 import time
-from collections.abc import Callable, Hashable, Iterable
+from collections.abc import Callable, Container, Hashable, Iterable
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
@@ -49,8 +60,18 @@ log = logging.getLogger("kvstream.store")
 _K = TypeVar("_K", bound=Hashable)  # a debt's key: bytes in the store, the simulator's chunk ids
 
 
+_BLOCK = 1 << 20  # the journal is read in blocks of this size (bounded memory, whatever its length)
+_MAX_LINE = 512  # longer than any valid record ("+" tier name, space, 128 hex digits): junk, skipped
+_COMPACT_MIN_LINES = 4096  # the journal is rewritten once it has this many lines and ...
+_COMPACT_RATIO = 4  # ... more than this many per live debt
+
+
 class OwedReplicas:
-    """The set of (tier name, key) copies owed, with its journal. Thread-safe."""
+    """The set of (tier name, key) copies owed, with its journal. Thread-safe.
+
+    A debt is *owed* (the catch-up pays it) or *in flight* (a copy of it handed to a writer: :meth:`intend`).
+    Both are journalled: a copy is recorded before it is issued and cleared when it lands (:meth:`paid`), so a
+    process killed, or closed past its timeout, while copies are in flight finds them owed at its next open."""
 
     def __init__(self, folder: Path | None, node_id: str, tier_names: Iterable[str], *,
                  fallback: Path | None = None) -> None:
@@ -59,8 +80,13 @@ class OwedReplicas:
         self._lock = threading.Lock()
         self._tiers = list(tier_names)
         self._owed: dict[str, dict[bytes, None]] = {t: {} for t in self._tiers}  # insertion-ordered sets
+        self._inflight: dict[str, dict[bytes, None]] = {t: {} for t in self._tiers}  # copies issued, not landed
         self._fd: int | None = None
         self.journal_errors = 0
+        self.compactions = 0  # journal rewrites while open (the one at open not counted)
+        self.torn_records = 0  # unterminated last records dropped at open (a crash mid-append)
+        self._lines = 0  # records in the journal file now (what a compaction weighs against the live set)
+        self._compacting: list[str] | None = None  # records appended while a compaction writes its snapshot
         self._candidates = [p for p in (folder / f"{node_id}.log" if folder is not None else None, fallback)
                             if p is not None]
         self.path: Path | None = None  # the journal in use (None: debts in memory only)
@@ -69,42 +95,70 @@ class OwedReplicas:
 
     # -- the set ---------------------------------------------------------------------------------------------
     def owe(self, tier: str, key: bytes) -> None:
+        """The copy of ``key`` to ``tier`` is owed (skipped, or its write failed): the catch-up pays it."""
         with self._lock:
-            if key not in self._owed[tier]:
+            if self._inflight[tier].pop(key, 0) is None:  # journalled when it was issued
+                self._owed[tier][key] = None
+            elif key not in self._owed[tier]:
                 self._owed[tier][key] = None
                 self._append(f"+{tier} {key.hex()}\n")
 
-    def paid(self, tier: str, key: bytes) -> None:
+    def intend(self, tier: str, key: bytes) -> None:
+        """A copy of ``key`` to ``tier`` is about to be issued: journal it first (write-ahead), so that if the
+        process dies, or closes past its timeout, before it lands, the copy is owed at the next open. It ends
+        with :meth:`paid` (landed, or no longer wanted) or :meth:`owe` (failed: the catch-up pays it)."""
         with self._lock:
-            if self._owed[tier].pop(key, 0) is None:
+            if key in self._inflight[tier]:
+                return
+            self._inflight[tier][key] = None
+            if self._owed[tier].pop(key, 0) is not None:  # not journalled yet
+                self._append(f"+{tier} {key.hex()}\n")
+
+    def paid(self, tier: str, key: bytes) -> None:
+        """The copy landed, or is no longer wanted (the chunk was removed, or is nowhere to copy from)."""
+        with self._lock:
+            was = self._owed[tier].pop(key, 0) is None
+            was = self._inflight[tier].pop(key, 0) is None or was
+            if was:
                 self._append(f"-{tier} {key.hex()}\n")
 
     def owes(self, tier: str, key: bytes) -> bool:
-        return key in self._owed[tier]
+        """True if the copy is owed or in flight (journalled, not landed)."""
+        return key in self._owed[tier] or key in self._inflight[tier]
 
-    def oldest(self, tier: str, n: int) -> list[bytes]:
-        """Up to ``n`` debts of ``tier``, oldest first (they stay owed until :meth:`paid`)."""
+    def oldest(self, tier: str, n: int, skip: Container[bytes] = ()) -> list[bytes]:
+        """Up to ``n`` debts of ``tier`` (owed, not in flight), oldest first, passing over those in ``skip``
+        (they stay owed until :meth:`paid`)."""
         with self._lock:
             out: list[bytes] = []
             for k in self._owed[tier]:
                 if len(out) >= n:
                     break
-                out.append(k)
+                if k not in skip:
+                    out.append(k)
             return out
 
-    def newest(self, tier: str, n: int) -> list[bytes]:
-        """Up to ``n`` debts of ``tier``, newest first: the ones most likely still in host memory."""
+    def newest(self, tier: str, n: int, skip: Container[bytes] = ()) -> list[bytes]:
+        """Up to ``n`` debts of ``tier`` (owed, not in flight), newest first: the ones most likely still in host
+        memory; passing over those in ``skip``."""
         with self._lock:
             out: list[bytes] = []
             for k in reversed(self._owed[tier]):
                 if len(out) >= n:
                     break
-                out.append(k)
+                if k not in skip:
+                    out.append(k)
             return out
 
     def counts(self) -> dict[str, int]:
+        """Per tier, copies owed (not counting those in flight: :meth:`inflight_counts`)."""
         with self._lock:
             return {t: len(d) for t, d in self._owed.items()}
+
+    def inflight_counts(self) -> dict[str, int]:
+        """Per tier, copies issued and not landed (journalled: owed at the next open if they never land)."""
+        with self._lock:
+            return {t: len(d) for t, d in self._inflight.items()}
 
     def close(self) -> None:
         with self._lock:
@@ -113,16 +167,77 @@ class OwedReplicas:
             os.close(fd)
 
     # -- the journal -----------------------------------------------------------------------------------------
-    def _append(self, line: str) -> None:
+    def _append(self, line: str) -> None:  # caller holds the lock
+        if self._compacting is not None:
+            self._compacting.append(line)
         if self._fd is None:
             return
         try:
             os.write(self._fd, line.encode())
+            self._lines += 1
         except OSError as exc:  # a full or failing tier under the journal: the debt is still owed in memory
             self.journal_errors += 1
             if self.journal_errors in (1, 100):
                 log.warning("owed replicas %s: journal append failed (%s)", self.path, exc.strerror or exc)
             self._move_on()
+
+    def _live_lines(self) -> list[str]:  # caller holds the lock
+        return [f"+{t} {k.hex()}\n" for src in (self._owed, self._inflight) for t, d in src.items() for k in d]
+
+    def needs_compaction(self) -> bool:
+        """True once the journal holds many more records than there are live debts (module docstring)."""
+        with self._lock:
+            live = sum(len(d) for d in self._owed.values()) + sum(len(d) for d in self._inflight.values())
+            return (self._fd is not None and self._compacting is None and self._lines >= _COMPACT_MIN_LINES
+                    and self._lines > _COMPACT_RATIO * live)
+
+    def compact(self) -> bool:
+        """Rewrite the journal as the live set (atomically: a temporary, fsynced, renamed over it). Appends go on
+        meanwhile: the snapshot is written without the lock, and what was appended since is added under it
+        before the rename. Returns True if rewritten. Called off the serving path (the catch-up thread)."""
+        with self._lock:
+            path = self.path
+            if path is None or self._fd is None or self._compacting is not None:
+                return False
+            body = "".join(self._live_lines()).encode()
+            self._compacting = []
+        tmp = path.with_name(path.name + ".compact")
+        try:
+            with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "wb") as f:
+                f.write(body)
+                f.flush()
+                os.fsync(f.fileno())  # the rename must never leave an empty journal where debts were
+        except OSError as exc:
+            with self._lock:
+                self._compacting = None
+            log.warning("owed replicas %s: compaction failed (%s); the journal is kept as it is", path,
+                        exc.strerror or exc)
+            _unlink_quietly(tmp)
+            return False
+        with self._lock:
+            extra, self._compacting = self._compacting, None
+            if self.path != path or self._fd is None:  # the journal moved, or closed, meanwhile
+                _unlink_quietly(tmp)
+                return False
+            try:
+                if extra:
+                    with open(tmp, "ab") as f:
+                        f.write("".join(extra).encode())
+                os.replace(tmp, path)
+                fd = os.open(path, os.O_WRONLY | os.O_APPEND)
+            except OSError as exc:
+                log.warning("owed replicas %s: compaction failed (%s); the journal is kept as it is", path,
+                            exc.strerror or exc)
+                _unlink_quietly(tmp)
+                return False
+            old, self._fd = self._fd, fd
+            self._lines = body.count(b"\n") + len(extra)
+            self.compactions += 1
+        try:
+            os.close(old)
+        except OSError:
+            pass
+        return True
 
     def _move_on(self) -> None:
         """The journal in use failed: rewrite the whole set into the next candidate (caller holds the lock)."""
@@ -144,51 +259,76 @@ class OwedReplicas:
         """Write the current set to ``path`` (atomically) and append there from now on."""
         try:
             path.parent.mkdir(mode=0o700, exist_ok=True)  # as the tier's own folders
-            body = "".join(f"+{t} {k.hex()}\n" for t, d in self._owed.items() for k in d).encode()
+            lines = self._live_lines()
             tmp = path.with_suffix(".tmp")
             with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "wb") as f:
-                f.write(body)
+                f.write("".join(lines).encode())
+                f.flush()
+                os.fsync(f.fileno())
             os.replace(tmp, path)
             self._fd = os.open(path, os.O_WRONLY | os.O_APPEND)
         except OSError as exc:
             log.warning("owed replicas %s: journal unusable (%s)", path, exc.strerror or exc)
             return False
         self.path = path
+        self._lines = len(lines)
         return True
 
     def _load_and_compact(self) -> None:
         readable = []
         for path in self._candidates:  # every journal a past run left (the fallback holds the newest debts)
             try:
-                with open(path, "rb") as f:
-                    data = f.read(64 << 20)  # a journal past 64 MiB is damaged or foreign: read what fits
+                self._read_journal(path)
             except FileNotFoundError:
                 continue
             except OSError as exc:
                 log.warning("owed replicas %s: journal unreadable (%s)", path, exc.strerror or exc)
                 continue
             readable.append(path)
-            for raw in data.split(b"\n"):
-                parsed = self._parse(raw)
-                if parsed is None:
-                    continue
-                sign, tier, key = parsed
-                if sign == "+":
-                    self._owed[tier][key] = None
-                else:
-                    self._owed[tier].pop(key, None)
         for path in self._candidates:
             if self._rewrite(path):
                 for old in readable:
                     if old != path:
-                        try:
-                            os.unlink(old)
-                        except OSError:
-                            pass  # read again at the next open: a debt owed twice is paid once
+                        _unlink_quietly(old)  # else read again at the next open: a debt owed twice is paid once
                 return
         log.warning("owed replicas: no journal can be written; debts are kept in memory only")
 
+    def _read_journal(self, path: Path) -> None:
+        """Apply every record of ``path``, streamed in blocks (memory bounded by the live set, never by the
+        file): nothing read is trusted (:meth:`_parse`), a line past ``_MAX_LINE`` is junk, and an unterminated
+        last line is a torn append (a crash mid-write): dropped, with a warning."""
+        carry = b""
+        skipping = False  # inside a line already past _MAX_LINE: drop up to its newline
+        with open(path, "rb") as f:
+            while block := f.read(_BLOCK):
+                lines = (carry + block).split(b"\n")
+                carry = lines.pop()
+                for raw in lines:
+                    if skipping:  # the end of a line already past _MAX_LINE
+                        skipping = False
+                        continue
+                    self._apply(raw)
+                if len(carry) > _MAX_LINE:  # no valid record is this long: junk up to the next newline
+                    carry = b""
+                    skipping = True
+        if carry:
+            self.torn_records += 1
+            log.warning("owed replicas %s: dropped a torn last record (%d B; a crash mid-append?)", path,
+                        len(carry))
+
+    def _apply(self, raw: bytes) -> None:
+        parsed = self._parse(raw)
+        if parsed is None:
+            return
+        sign, tier, key = parsed
+        if sign == "+":
+            self._owed[tier][key] = None
+        else:
+            self._owed[tier].pop(key, None)
+
     def _parse(self, raw: bytes) -> tuple[str, str, bytes] | None:
+        if len(raw) > _MAX_LINE:
+            return None
         try:
             text = raw.decode("ascii")
         except UnicodeDecodeError:
@@ -202,6 +342,13 @@ class OwedReplicas:
             return text[0], tier, bytes.fromhex(hexkey)
         except ValueError:
             return None
+
+
+def _unlink_quietly(path: Path) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
 
 
 def full_replication_deficits(store: "Store") -> dict[str, list[bytes]]:
@@ -256,6 +403,10 @@ class DebtAction(Enum):
     COPY = "copy"  # in host memory: order the copy
     READ_BACK = "read-back"  # read it from a holder tier into host memory, then order the copy
     DEFER = "defer"  # a read-back while a serving read step is in flight: the next round
+    WAIT = "wait"  # a read-back host memory has no room to keep (or during the back-off after one): later
+
+
+Debt = tuple[str, bytes]  # (tier name, key)
 
 
 class CatchUpPolicy:
@@ -270,15 +421,39 @@ class CatchUpPolicy:
     from the local tier per minute, during loads). A read-back (the chunk left host memory) waits while a serving
     read step is in flight: it would take the holder tier's bandwidth from a load on the critical path. Under
     reads that never pause it goes on anyway once ``max_deferred_rounds`` rounds in a row deferred one (30 s), so
-    debts cannot starve. State: the count of rounds in a row that deferred (:meth:`end_round`)."""
+    debts cannot starve.
+
+    A read-back is only worth its read if host memory keeps what it reads (the copy is written from there): with
+    no room (every buffer holds an unwritten chunk or a caller's view) the read lands in a spare buffer that is
+    not kept, and the debt is read again next round, for ever (1,782 read-backs and no copy in 30 s). So a
+    read-back waits (``WAIT``) while the driver says there is no room, and after a read-back that was not kept
+    (:meth:`read_back_done`) the policy backs off: no read-back for ``interval_s``, doubling up to
+    ``max_backoff_s``, until one is kept. A debt read back ``max_read_backs`` times without being kept is given
+    up for ``give_up_s`` (counted in ``gave_up``; it stays owed and journalled, and is copied at once if its chunk
+    comes into host memory some other way): the catch-up passes over it (:meth:`given_up_now`), then it gets one
+    more read-back. So a debt is read back at most ``max_read_backs`` times, then once per ``give_up_s``, for as
+    long as host memory keeps none of what is read.
+
+    State: the count of rounds in a row that deferred (:meth:`end_round`), the back-off, the read-backs of each
+    debt that were not kept, and the debts given up."""
 
     interval_s = 0.25
     batch = 16  # chunks per tier per round: catch-up must not crowd the serving path's reads and writes
     max_deferred_rounds = 120
+    max_read_backs = 3  # read-backs of one debt not kept in host memory before it is given up
+    max_backoff_s = 8.0
+    give_up_s = 60.0  # how long a debt given up is passed over
 
     def __init__(self) -> None:
         self.deferred_rounds = 0
         self.reads_deferred = 0
+        self.reads_waited = 0  # read-backs put off: no room in host memory, or backing off
+        self.read_backs_wasted = 0  # read-backs whose chunk host memory did not keep (no copy could follow)
+        self.gave_up = 0  # times a debt was given up (read back max_read_backs times without being kept)
+        self._given_up: dict[Debt, float] = {}  # debt -> until when it is passed over
+        self._tries: dict[Debt, int] = {}
+        self._backoff_s = 0.0
+        self._wait_until = -math.inf
         self._deferred_now = False
 
     @staticmethod
@@ -299,20 +474,68 @@ class CatchUpPolicy:
         rest = [k for k in oldest if k not in seen]
         return (resident + rest)[: self.batch]
 
-    def decide(self, *, on_tier: bool, in_memory: bool, has_holder: bool, serving: bool) -> DebtAction:
+    def decide(self, *, on_tier: bool, in_memory: bool, has_holder: bool, serving: bool, room: bool = True,
+               now: float | None = None, debt: Debt | None = None) -> DebtAction:
         """One debt: ``on_tier`` (the owed tier holds it now), ``in_memory`` (host memory holds it),
-        ``has_holder`` (another tier holds it), ``serving`` (a serving read step is in flight)."""
+        ``has_holder`` (another tier holds it), ``serving`` (a serving read step is in flight), ``room`` (host
+        memory could keep a chunk read back now), ``now`` (for the back-off; None: no back-off, as at close),
+        ``debt`` (which one, for the per-debt bound)."""
         if on_tier:
             return DebtAction.PAID
         if in_memory:
             return DebtAction.COPY
         if not has_holder:
             return DebtAction.DROP
+        if debt is not None and now is not None and debt in self._given_up:
+            if now < self._given_up[debt]:
+                return DebtAction.WAIT
+            del self._given_up[debt]  # one more read-back; not kept, it is given up again
+            self._tries[debt] = self.max_read_backs - 1
+        if not room or (now is not None and now < self._wait_until):
+            if not room and now is not None and now >= self._wait_until:
+                self._back_off(now)
+            self.reads_waited += 1
+            return DebtAction.WAIT
         if serving and self.deferred_rounds < self.max_deferred_rounds:
             self.reads_deferred += 1
             self._deferred_now = True
             return DebtAction.DEFER
         return DebtAction.READ_BACK
+
+    def read_back_done(self, debt: Debt, now: float, kept: bool) -> None:
+        """A ``READ_BACK`` of ``debt`` ended: ``kept`` if host memory holds the chunk now (its copy can be
+        ordered). Not kept: counted, the back-off grows, and the debt is given up after ``max_read_backs``."""
+        if kept:
+            self._tries.pop(debt, None)
+            self._backoff_s = 0.0
+            self._wait_until = -math.inf
+            return
+        self.read_backs_wasted += 1
+        n = self._tries.get(debt, 0) + 1
+        if n >= self.max_read_backs:
+            self._tries.pop(debt, None)
+            self._given_up[debt] = now + self.give_up_s
+            self.gave_up += 1
+        else:
+            self._tries[debt] = n
+        self._back_off(now)
+
+    def forget(self, debt: Debt) -> None:
+        """``debt`` ended, or its chunk is in host memory again: its read-back count and give-up go."""
+        self._tries.pop(debt, None)
+        self._given_up.pop(debt, None)
+
+    def tracked(self) -> list[Debt]:
+        """Debts the policy keeps state for (the driver forgets those that ended: :meth:`forget`)."""
+        return list(self._tries) + list(self._given_up)
+
+    def given_up_now(self, now: float) -> set[Debt]:
+        """The debts passed over at ``now`` (given up, their ``give_up_s`` not over)."""
+        return {d for d, until in self._given_up.items() if now < until}
+
+    def _back_off(self, now: float) -> None:
+        self._backoff_s = min(self.max_backoff_s, self._backoff_s * 2 if self._backoff_s else self.interval_s)
+        self._wait_until = now + self._backoff_s
 
     def end_round(self) -> None:
         self.deferred_rounds = self.deferred_rounds + 1 if self._deferred_now else 0
@@ -321,7 +544,8 @@ class CatchUpPolicy:
 
 class CatchUp:
     """Pays owed replicas back in the background (see the module docstring), by :class:`CatchUpPolicy`'s rules.
-    One daemon thread per store."""
+    One daemon thread per store; it also compacts the journal when it has grown (:meth:`OwedReplicas.compact`).
+    At close, :meth:`pay` runs the same rounds on the closing thread, within the close's timeout."""
 
     def __init__(self, store: "Store", owed: OwedReplicas) -> None:
         self.store = store
@@ -338,10 +562,12 @@ class CatchUp:
         """Something may have changed (a backlog drained, a breaker closed): look now, not at the next tick."""
         self._wake.set()
 
-    def stop(self) -> None:
+    def stop(self, timeout: float = 5.0) -> bool:
+        """End the thread (a round in progress finishes first). True if it ended within ``timeout``."""
         self._stop.set()
         self._wake.set()
-        self._thread.join(timeout=5)
+        self._thread.join(timeout=timeout)
+        return not self._thread.is_alive()
 
     def _run(self) -> None:
         while not self._stop.is_set():
@@ -351,6 +577,8 @@ class CatchUp:
                 return
             try:
                 self.round()
+                if self.owed.needs_compaction():
+                    self.owed.compact()
             except Exception:  # noqa: BLE001 — the thread must outlive one bad round; the debts stay owed
                 log.exception("owed replicas: catch-up round failed")
 
@@ -359,12 +587,30 @@ class CatchUp:
         """Read-backs put off because a serving read step was in flight."""
         return self.policy.reads_deferred
 
-    def round(self) -> int:
-        """One pass over every tier's debts; returns the copies handed to the writer."""
+    def pay(self, deadline: float | None) -> None:
+        """At close (the thread stopped): run rounds on this thread until nothing is owed, the ``deadline``
+        (``time.monotonic()``; None: none) passes, or a round can do nothing (tiers out of routing, no room to
+        read back): what is left stays journalled for the next open. Serving reads are not waited for."""
+        store = self.store
+        while sum(self.owed.counts().values()) and (deadline is None or time.monotonic() < deadline):
+            before = sum(self.owed.counts().values())
+            started = self.round(final=True)
+            store._writer.drain(None if deadline is None else max(0.0, deadline - time.monotonic()))
+            if not started and sum(self.owed.counts().values()) >= before:
+                return
+
+    def round(self, *, final: bool = False) -> int:
+        """One pass over every tier's debts; returns the copies handed to the writer. ``final``: at close (no
+        stop check, no back-off, no deferring to serving reads)."""
         store = self.store
         writer = store._writer
         policy = self.policy
         started = 0
+        now = time.monotonic()
+        for debt in policy.tracked():  # debts that ended, or whose chunk is back in host memory
+            if not self.owed.owes(*debt) or self._in_memory(debt[1]):
+                policy.forget(debt)
+        room = self._memory_room()
         try:
             for t in store.tiers:
                 if not self.owed.counts()[t.name]:
@@ -372,23 +618,31 @@ class CatchUp:
                 if not policy.tier_ready(store._usable(t.position), writer.backlog(t.position),
                                          writer.backlog_limit(t.position)):
                     continue
-                picked = policy.select(self.owed.oldest(t.name, policy.batch), self.owed.newest(t.name, policy.batch),
-                                       self._in_memory)
+                skip = set() if final else {k for tn, k in policy.given_up_now(now) if tn == t.name}
+                picked = policy.select(self.owed.oldest(t.name, policy.batch, skip),
+                                       self.owed.newest(t.name, policy.batch, skip), self._in_memory)
                 for key in picked:
-                    if store._closed or self._stop.is_set():
+                    if store._closed or (self._stop.is_set() and not final):
                         return started
+                    debt = (t.name, key)
                     act = policy.decide(on_tier=t.contains(key), in_memory=self._in_memory(key),
                                         has_holder=any(o is not t and o.contains(key) for o in store.tiers),
-                                        serving=store._reader.active_steps > 0)
+                                        serving=store._reader.active_steps > 0 and not final, room=room,
+                                        now=None if final else now, debt=debt)
                     if act in (DebtAction.PAID, DebtAction.DROP):
                         self.owed.paid(t.name, key)
                         continue
-                    if act is DebtAction.DEFER:
+                    if act in (DebtAction.DEFER, DebtAction.WAIT):
                         continue
                     if act is DebtAction.READ_BACK:
                         self.reads += 1
                         for _i, _chunk in store.read_chunks([key], background=True):  # lands in host memory
                             pass
+                        kept = self._in_memory(key)
+                        policy.read_back_done(debt, time.monotonic(), kept)
+                        room = room and kept  # not kept: host memory has no room for the rest of the round
+                        if not kept:
+                            continue
                     if store._writer.order_copy(key, t.position):
                         started += 1
         finally:
@@ -400,3 +654,11 @@ class CatchUp:
 
     def _in_memory(self, key: bytes) -> bool:
         return self.store.memory.peek(key) is not None
+
+    def _memory_room(self) -> bool:
+        """Whether host memory could keep a chunk read back now: it has unallocated room, or a chunk it may
+        evict (a clean one). A hint: a read-back that finds otherwise counts as not kept."""
+        mem = self.store.memory
+        if mem.capacity_bytes - mem.pool.in_use_bytes >= (self.store.config.chunk_bytes or 1):
+            return True  # free buffers, or room to map more
+        return mem.dirty_count() < len(mem)

@@ -111,6 +111,9 @@ class StoreStats:
     put_file_bytes: int  # their chunk-file bytes (header and alignment included)
     puts_duplicate: int  # puts refused: already stored
     puts_dropped_no_memory: int  # puts dropped: host memory was all unwritten chunks
+    puts_dropped_unstored: int  # puts refused: half of host memory held puts no tier could take (unstored)
+    unstored_chunks: int  # gauge: acknowledged puts with no copy on any tier, kept in host memory until one lands
+    unstored_bytes: int  # gauge: their chunk-file bytes
     get_chunks: int  # chunks asked for by reads
     memory_hits: int  # chunks served from host memory
     disk_hits: int  # chunks served from a disk tier
@@ -130,6 +133,10 @@ class StoreStats:
     catch_up_copies: int  # owed replicas the catch-up has started writing
     catch_up_reads: int  # owed replicas it had to read back from another tier first
     catch_up_reads_deferred: int  # read-backs put off because a serving read step was in flight
+    catch_up_reads_waited: int  # read-backs put off: host memory had no room to keep them, or backing off
+    catch_up_reads_wasted: int  # read-backs host memory did not keep (so no copy followed)
+    catch_up_gave_up: int  # debts no longer read back in this process (max_read_backs without being kept)
+    owed_journal_compactions: int  # rewrites of the owed-replicas journal while open
     memory: MemoryStats
     tiers: Mapping[str, TierStats]  # read-only
 

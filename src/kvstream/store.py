@@ -36,6 +36,7 @@ from typing import Any
 
 import numpy as np
 
+from kvstream.compute import checked_plan
 from kvstream.config import StoreConfig
 from kvstream.errors import ConfigError, StoreClosedError, UsageError
 from kvstream.eviction import AccessMeta
@@ -79,14 +80,17 @@ class ComputeRequest:
 
 @dataclass(frozen=True, slots=True)
 class CloseReport:
-    """What :meth:`Store.close` could not finish. True when everything was written and closed."""
+    """What :meth:`Store.close` could not finish. True when everything was written and closed: every copy the
+    replication policy wanted is on its tier, none is owed."""
 
-    drained: bool  # every write finished before the timeout
+    drained: bool  # every write handed over finished before the timeout
     stuck_tiers: tuple[str, ...] = ()  # tiers with I/O still in flight: closed in the background when it ends
     errors: tuple[str, ...] = ()  # tiers that failed to close (logged)
+    owed: tuple[tuple[str, int], ...] = ()  # (tier, copies) still owed or in flight: journalled for the next open
+    unstored: int = 0  # acknowledged puts with no copy on any tier: lost with host memory (logged as an error)
 
     def __bool__(self) -> bool:
-        return self.drained and not self.stuck_tiers and not self.errors
+        return self.drained and not self.stuck_tiers and not self.errors and not self.owed and not self.unstored
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,7 +137,7 @@ class ReadIntoResult:
     nbytes: int = 0
     meta: ChunkMeta | None = None
     busy: bool = False
-    reason: str = ""  # why not ok: absent, unreadable, target_too_small, stalled
+    reason: str = ""  # why not ok: absent, unreadable, target_too_small, stalled, closed
 
 
 def _as_bytes_view(payload: Any) -> tuple[memoryview, ChunkMeta | None]:
@@ -200,7 +204,7 @@ class Store:
             "puts": 0, "put_bytes": 0, "put_file_bytes": 0, "puts_duplicate": 0, "puts_dropped_no_memory": 0,
             "get_chunks": 0, "memory_hits": 0, "disk_hits": 0, "misses": 0, "lost_chunks": 0,
             "read_steps": 0, "read_seconds": 0.0, "verify_seconds": 0.0, "hedged_reads": 0,
-            "copies_ordered": 0, "flushes": 0, "stalled_reads": 0,
+            "copies_ordered": 0, "flushes": 0, "stalled_reads": 0, "puts_dropped_unstored": 0,
             "read_into_direct": 0, "read_into_copied": 0, "read_into_abandoned": 0,
         }
         # Headers seen by this process (puts, reads), for get_meta without a disk read: bounded, oldest dropped.
@@ -224,22 +228,53 @@ class Store:
 
     def close(self, timeout: float | None = None) -> "CloseReport":
         """Flush buffered puts, wait (at most ``timeout`` s; default ``config.close_timeout_s``) for every write to
-        finish, release rings and index logs. Idempotent; never raises for a failing tier.
+        finish, pay owed copies, release rings and index logs. Idempotent; never raises for a failing tier.
+
+        Owed copies (second copies skipped at a write backlog, an open breaker or an I/O error; unstored puts)
+        are paid within the same timeout, by the catch-up's rounds run on this thread, for as long as they make
+        progress; what stays owed (a tier out of routing, the time up) is journalled for the next open and named
+        in the report (``owed``), as are copies still in flight on a stalled tier (journalled before they were
+        issued). Acknowledged puts that no tier took (``unstored``) are lost with host memory, and reported.
 
         A tier whose writes or reads are still in flight when the time is up (a stalled device) is not waited
         for: its rings still own the buffers the kernel writes from, so a daemon thread closes them once they
         drain, and the report names the tier (its unfinished copies are not on it). A tier that fails to close
-        (EIO from a dead file system) is logged and named in the report; the other tiers still close."""
+        (EIO from a dead file system) is logged and named in the report; the other tiers still close.
+
+        Reads on other threads: a read call (``get_many``, ``read_iter``, ``read_chunks``, ``read_into``,
+        ``get_meta``) in progress when close starts returns promptly: what it delivered stays valid (views pin
+        their buffers), and every chunk that had not landed is a miss (``None``; ``read_into`` reports
+        ``ok=False, reason="closed"``); no read is issued after that. The one wait left is the documented one
+        of ``read_into``: a read already writing into a caller's target is waited for by that call. A call
+        started after close raises :class:`~kvstream.errors.StoreClosedError`."""
         if self._closed:
             return CloseReport(drained=True)
         if timeout is None:
             timeout = self.config.close_timeout_s
-        self._catch_up.stop()  # what is still owed stays in the journal for the next open
+        deadline = None if timeout is None else time.monotonic() + timeout
+
+        def left() -> float | None:
+            return None if deadline is None else max(0.0, deadline - time.monotonic())
+
+        stopped = self._catch_up.stop(timeout=min(5.0, timeout) if timeout is not None else 5.0)
         self.flush()
-        drained = self.drain(timeout)
+        drained = self._writer.drain(timeout)
+        if drained and stopped:
+            # Pay what can be paid within the timeout (owed second copies, unstored puts); the rest stays in the
+            # journal for the next open and is reported.
+            self._catch_up.pay(deadline)
+            drained = self._writer.drain(left())
+        unstored = self._writer.unstored()[0]
+        if unstored:
+            log.error("close: %d acknowledged put(s) have no copy on any tier (every tier they target failing); "
+                      "they are lost with host memory now", unstored)
         self._closed = True
         self._writer.close(wait=drained)
+        # Reads running on other threads end now (what has not landed is a miss); the reads they already
+        # submitted land on the rings, and a tier is stuck only if they have not landed by the deadline.
         self._reader.close()
+        for t in self.tiers:
+            t.read_ring.drain(None if deadline is None else max(0.0, deadline - time.monotonic()))
         stuck: list[str] = []
         errors: list[str] = []
         for t in self.tiers:
@@ -250,13 +285,22 @@ class Store:
                 continue
             if (err := self._close_tier(t)) is not None:
                 errors.append(err)
+        # Copies still owed, and copies in flight on a stuck tier (journalled before they were issued: if they
+        # never land, the next open finds them owed).
+        owed = self.owed.counts()
+        for name, n in self.owed.inflight_counts().items():
+            owed[name] += n
         self.owed.close()
         self.memory.close()
         if stuck:
             log.warning("close: tier(s) %s still had I/O in flight after %.1f s (a stalled device?); their "
                         "unfinished copies are not written there, and their rings close once it completes",
                         ", ".join(stuck), timeout if timeout is not None else 0.0)
-        return CloseReport(drained=drained and not stuck, stuck_tiers=tuple(stuck), errors=tuple(errors))
+        if any(owed.values()):
+            log.warning("close: copies still owed (journalled; written after the next open): %s",
+                        ", ".join(f"{name} {n}" for name, n in owed.items() if n))
+        return CloseReport(drained=drained and not stuck, stuck_tiers=tuple(stuck), errors=tuple(errors),
+                           owed=tuple((name, n) for name, n in owed.items() if n), unstored=unstored)
 
     @staticmethod
     def _close_tier(t: DirectoryTier) -> str | None:
@@ -355,7 +399,11 @@ class Store:
         length...) goes to the host-memory eviction policy when the chunk becomes evictable (Bidaw's hit
         potential needs it). Returns False if the chunk was already
         stored, or had to be dropped because host memory was all dirty (counted in ``puts_dropped_no_memory``;
-        the caller recomputes it later, nothing else is lost).
+        the caller recomputes it later, nothing else is lost), or was refused because unstored puts (no tier
+        took them: :meth:`drain`) fill half of host memory (``puts_dropped_unstored``).
+
+        True is a promise: the chunk stays in host memory until a tier holds a copy (it is never evicted
+        before), and :meth:`drain` says whether every acknowledged put has one.
         """
         self._check_open()
         if not isinstance(key, (bytes, bytearray)) or not 0 < len(key) <= 64:
@@ -375,6 +423,14 @@ class Store:
         held = [t.contains(key) for t in self.tiers]
         if key in self.memory or (all(held[t] for t in target) if target is not None else any(held)):
             self._c["puts_duplicate"] += 1
+            return False
+        if self._writer.unstored()[1] >= self._writer.unstored_limit:
+            # Half of host memory already holds puts no tier took (every tier failing): refuse this one now,
+            # honestly, rather than acknowledge it and lose it, or wait for memory that will not come free.
+            self._c["puts_dropped_unstored"] += 1
+            if self._c["puts_dropped_unstored"] in (1, 100) or self._c["puts_dropped_unstored"] % 10000 == 0:
+                log.warning("put refused: %d B of host memory hold chunks no tier could take (every tier "
+                            "failing?); they are written once a tier recovers", self._writer.unstored()[1])
             return False
         n = len(view)
         fsize = file_size(n)
@@ -409,7 +465,7 @@ class Store:
             if self.memory.insert(entry, dirty=True) is not entry:  # another thread put it first
                 self._c["puts_duplicate"] += 1
                 return False
-            self._writer.enqueue(entry, target)
+            self._writer.enqueue(entry, target, put=True)
             self._c["puts"] += 1
             self._c["put_bytes"] += n
             self._c["put_file_bytes"] += fsize
@@ -420,8 +476,17 @@ class Store:
         return self._writer.flush()
 
     def drain(self, timeout: float | None = None) -> bool:
-        """Wait until every submitted write has been published or has failed."""
-        return self._writer.drain(timeout)
+        """Wait (at most ``timeout`` s; None: no limit) until every copy handed over, by a flush on any thread,
+        has been published or has failed. True if so *and* every acknowledged put has a copy on some tier.
+
+        False, once the writes in flight have ended, while puts are *unstored*: every tier they target failed
+        their copies or was out of routing (breakers open). Such a chunk is never lost silently: it stays in host
+        memory, never evicted, owed to its tiers, and the catch-up writes it once a tier takes writes again
+        (``stats().unstored_chunks``); :meth:`put` refuses new chunks while they fill half of host memory, and
+        :meth:`close` reports those it could not write. ``drain`` does not wait for tiers to recover."""
+        if not self._writer.drain(timeout):
+            return False
+        return self._writer.unstored()[0] == 0
 
     # -- reads ----------------------------------------------------------------------------------------------
     def get_many(self, keys: Sequence[bytes]) -> list[memoryview | None]:
@@ -467,6 +532,8 @@ class Store:
             left = [i for i in disk_idx if keys[i] in req.leave]
             disk_idx, holders = [disk_idx[p] for p in keep], [holders[p] for p in keep]
         disk_keys = [keys[i] for i in disk_idx]
+        # A caller's plan is not trusted: a cost that is infinite, NaN or huge would hold the step for ever.
+        plan = checked_plan(req.plan, len(disk_idx)) if req is not None else None
 
         def on_end(step: ReadStep) -> None:
             self._after_read(disk_keys, holders, step)
@@ -476,13 +543,15 @@ class Store:
         if disk_idx:
             for out in self._reader.run(disk_keys, holders, "chunks",
                                         metas=[metas[i] for i in disk_idx] if metas else None, on_end=on_end,
-                                        compute=req.plan if req is not None else None, background=background):
+                                        compute=plan, background=background):
                 i = disk_idx[out.j]
                 if out.kind == "delivered":
                     assert out.header is not None and out.payload is not None
                     yield i, Chunk(key=keys[i], meta=out.header.meta, payload=out.payload, source=out.source)
                 elif out.kind == "computed":
                     yield i, RECOMPUTED
+                elif out.kind == "closed":  # the store closed under the call: a miss, not a lost chunk
+                    misses.append(i)
                 else:
                     self._c["lost_chunks"] += 1
                     misses.append(i)
@@ -621,6 +690,9 @@ class Store:
                     elif out.kind == "busy":
                         busy.add(i)
                         yield i, ReadIntoResult(ok=False, busy=True, reason="stalled")
+                    elif out.kind == "closed":  # the store closed under the call
+                        self._c["misses"] += 1
+                        yield i, ReadIntoResult(ok=False, reason="closed")
                     else:
                         self._c["lost_chunks"] += 1
                         lost.append(i)
@@ -687,6 +759,7 @@ class Store:
                 self.memory.mark_clean(e)  # the put's own dirty mark, never taken by flush()
             for t in self.tiers:
                 self.owed.paid(t.name, key)  # nothing is owed for a removed chunk (catch-up must not copy it)
+            self._writer.release_hold(key)  # an unstored put that is removed is not kept for its copies
         for t in self.tiers:
             if t.contains(key):
                 found = True
@@ -752,6 +825,7 @@ class Store:
                 removed_temporaries=t.removed_temporaries, replicas_owed=owed.get(t.name, 0),
             )
         counts = dict(self._c)  # a copy: other threads keep counting
+        unstored = self._writer.unstored()
 
         def n(name: str) -> int:
             return int(counts[name])
@@ -767,9 +841,14 @@ class Store:
             hedged_reads=n("hedged_reads"), copies_ordered=n("copies_ordered"), flushes=n("flushes"),
             stalled_reads=n("stalled_reads"), read_into_direct=n("read_into_direct"),
             read_into_copied=n("read_into_copied"), read_into_abandoned=n("read_into_abandoned"),
+            puts_dropped_unstored=n("puts_dropped_unstored"), unstored_chunks=unstored[0], unstored_bytes=unstored[1],
             write_amplification=written / counts["put_file_bytes"] if counts["put_file_bytes"] else 0.0,
             catch_up_copies=self._catch_up.copies_started, catch_up_reads=self._catch_up.reads,
             catch_up_reads_deferred=self._catch_up.reads_deferred,
+            catch_up_reads_waited=self._catch_up.policy.reads_waited,
+            catch_up_reads_wasted=self._catch_up.policy.read_backs_wasted,
+            catch_up_gave_up=self._catch_up.policy.gave_up,
+            owed_journal_compactions=self.owed.compactions,
             memory=MemoryStats(capacity_bytes=mem.capacity_bytes, used_bytes=mem.used_bytes(), chunks=len(mem),
                                hits=mem.hits, evictions=mem.evictions, overflow_buffers=mem.overflow_buffers,
                                overflow_kept_bytes=mem.overflow_pool.allocated_bytes if mem.overflow_pool else 0,

@@ -15,7 +15,9 @@ A skipped second copy (backlog, open breaker, I/O error) is owed, not dropped: :
 writes it once the tier can take it.
 
 Locks: the store's ``_lock`` guards the pending list together with host-memory inserts and removes;
-``_writes_cv`` the in-flight counts.
+``_writes_cv`` the in-flight counts (order: ``_lock`` before ``_writes_cv``, never the other way). A flush
+counts itself as handing over (``_handing_over``) in the same critical section that takes the pending list, so
+:meth:`Writer.drain` on any thread also waits for copies another thread's flush has taken and not yet counted.
 """
 
 from __future__ import annotations
@@ -66,6 +68,7 @@ class _WriteTag:
 class _PendingWrite:
     entry: MemEntry
     tiers: frozenset[int] | None  # None: ask the replication policy at flush
+    put: bool = False  # carries the put's own dirty mark, which becomes the durability hold at hand-over
 
 
 class Writer:
@@ -76,9 +79,21 @@ class Writer:
         n = len(store.tiers)
         self._pending: list[_PendingWrite] = []  # guarded by store._lock
         self._writes_inflight = 0
+        # Flushes that took pending copies and are still handing them over (outside the store's lock): a drain
+        # on another thread waits for them too, or it could report done before those copies were counted.
+        self._handing_over = 0
         self._write_backlog = [0] * n  # bytes handed to each tier's writer and not finished
         self._write_busy_since: list[float | None] = [None] * n  # when the tier's backlog last left zero
         self._copying: set[tuple[int, bytes]] = set()  # (tier, key) of copies handed over and not finished
+        # The durability hold (module docstring), guarded by _writes_cv: acknowledged puts with no copy on any
+        # tier yet, each holding its put's dirty mark; those of them with no copy in flight either are unstored.
+        self._held: dict[bytes, MemEntry] = {}
+        self._inflight_by_key: dict[bytes, int] = {}  # copies of each key handed over and not finished
+        self._unstored: dict[bytes, MemEntry] = {}
+        self._unstored_bytes = 0
+        # Past this many bytes of unstored puts, put() refuses new chunks (returns False, counted) rather than
+        # fill host memory with chunks no tier takes.
+        self.unstored_limit = store.config.memory_bytes // 2
         self._backlog_limit = [t.cfg.write_backlog_bytes if t.cfg.write_backlog_bytes is not None
                                else store.config.memory_bytes // 2 for t in store.tiers]
         self._writes_cv = threading.Condition(threading.Lock())
@@ -140,9 +155,53 @@ class Writer:
         return True
 
     # -- pending copies (callers hold store._lock) -----------------------------------------------------------
-    def enqueue(self, entry: MemEntry, tiers: frozenset[int] | None) -> None:
-        """A dirty entry waits for the next flush (``tiers``: the tiers to copy to; None: the policy's)."""
-        self._pending.append(_PendingWrite(entry=entry, tiers=tiers))
+    def enqueue(self, entry: MemEntry, tiers: frozenset[int] | None, *, put: bool = False) -> None:
+        """A dirty entry waits for the next flush (``tiers``: the tiers to copy to; None: the policy's).
+        ``put``: the entry's dirty mark is a put's (it becomes the durability hold at hand-over)."""
+        self._pending.append(_PendingWrite(entry=entry, tiers=tiers, put=put))
+
+    # -- the durability hold ---------------------------------------------------------------------------------
+    def _hold(self, entry: MemEntry) -> None:
+        """An acknowledged put was handed over and no tier holds it yet: its put's dirty mark stays, so host
+        memory keeps it (never evicted) until its first copy is published (:meth:`_release_hold`)."""
+        with self._writes_cv:
+            self._held[entry.key] = entry
+            if not self._inflight_by_key.get(entry.key):
+                self._mark_unstored(entry)
+
+    def _mark_unstored(self, entry: MemEntry) -> None:  # caller holds _writes_cv
+        if entry.key not in self._unstored:
+            self._unstored[entry.key] = entry
+            self._unstored_bytes += entry.file_size
+
+    def _mark_not_unstored(self, key: bytes) -> None:  # caller holds _writes_cv
+        e = self._unstored.pop(key, None)
+        if e is not None:
+            self._unstored_bytes -= e.file_size
+
+    def release_hold(self, key: bytes, entry: MemEntry | None = None) -> bool:
+        """``key`` has a copy on a tier now (or was removed): its hold ends and the entry may be evicted. With
+        ``entry``, only that very entry's hold. Returns True if a hold ended."""
+        with self._writes_cv:
+            held = self._held.get(key)
+            if held is None or (entry is not None and held is not entry):
+                return False
+            del self._held[key]
+            self._mark_not_unstored(key)
+            self._writes_cv.notify_all()
+        self.store.memory.mark_clean(held)
+        return True
+
+    def held_keys(self) -> list[bytes]:
+        """Keys of acknowledged puts that no tier holds yet (in flight or unstored)."""
+        with self._writes_cv:
+            return list(self._held)
+
+    def unstored(self) -> tuple[int, int]:
+        """(chunks, bytes) of acknowledged puts with no copy on any tier and none in flight: host memory is
+        their only copy (every tier they target failed or is out of routing); the catch-up writes them."""
+        with self._writes_cv:
+            return len(self._unstored), self._unstored_bytes
 
     def cancel(self, key: bytes) -> list[MemEntry]:
         """Drop ``key``'s pending copies; returns their entries (each still holds the put's dirty mark)."""
@@ -170,6 +229,18 @@ class Writer:
         with self.store._lock:
             pending, self._pending = self._pending, []
             self.store._c["flushes"] += 1
+            if not pending:
+                return 0
+            with self._writes_cv:  # taken with the list: a drain from here on waits for this hand-over
+                self._handing_over += 1
+        try:
+            return self._hand_over(pending)
+        finally:
+            with self._writes_cv:
+                self._handing_over -= 1
+                self._writes_cv.notify_all()
+
+    def _hand_over(self, pending: list[_PendingWrite]) -> int:
         now = time.monotonic()
         submitted = 0
         for pw in pending:
@@ -183,6 +254,7 @@ class Writer:
                     WriteIntent(key=entry.key, nbytes=entry.header.payload_len, position=entry.position),
                     len(self.store.tiers))
             copies = sum(1 for t in self.store.tiers if t.contains(entry.key))
+            stored = copies > 0  # a tier holds it already: nothing to hold it in memory for
             for t in sorted(targets):  # tier order: the first (fastest) tier takes the copy that is never skipped
                 tier = self.store.tiers[t]
                 if tier.contains(entry.key):
@@ -199,7 +271,14 @@ class Writer:
                 if self._submit_write(tier, entry):
                     submitted += 1
                     copies += 1
-            self.store.memory.mark_clean(entry)  # the put's own dirty mark; per-write marks were added above
+            if pw.put and not stored:
+                # The put's own dirty mark becomes its durability hold: kept in host memory until a copy lands
+                # (its copies in flight may all fail, or none could be handed over: every tier failing).
+                self._hold(entry)
+                if entry.removed:  # remove() ran meanwhile and found no hold to end: end it here
+                    self.release_hold(entry.key, entry)
+            else:
+                self.store.memory.mark_clean(entry)  # the put's or order's mark; per-write marks were added above
         return submitted
 
     def _submit_write(self, tier: DirectoryTier, entry: MemEntry, attempt: int = 0,
@@ -212,12 +291,17 @@ class Writer:
         if submitted is None:
             submitted = time.perf_counter()
         self.store.memory.mark_dirty(entry)
+        # Write-ahead: the copy is journalled as owed before it is issued and cleared when it lands, so a process
+        # killed (or closed past its timeout) with it in flight finds it owed at the next open.
+        self.store.owed.intend(tier.name, entry.key)
         with self._writes_cv:
             self._writes_inflight += 1
             if self._write_busy_since[tier.position] is None:
                 self._write_busy_since[tier.position] = time.perf_counter()
             self._write_backlog[tier.position] += fsize
             self._copying.add((tier.position, entry.key))
+            self._inflight_by_key[entry.key] = self._inflight_by_key.get(entry.key, 0) + 1
+            self._mark_not_unstored(entry.key)
         try:
             self._writers[tier.position].submit(self._start_write, tier, entry, attempt, submitted)
         except RuntimeError:  # closing: the writer threads are gone
@@ -230,6 +314,7 @@ class Writer:
         try:
             if not tier.reserve(fsize):
                 tier.counters.write_skipped_full += 1
+                self._not_written(tier, entry.key, owed=False)
                 self._write_over(tier, entry, fsize)
                 return
             try:
@@ -241,6 +326,7 @@ class Writer:
                 return
         except Exception:  # a writer thread must answer for every copy it was given
             log.exception("tier %s: starting a write failed", tier.name)
+            self._not_written(tier, entry.key, owed=True)
             self._write_over(tier, entry, fsize)
             return
         op = IOOp(kind=OpKind.WRITE, fd=fd, buf=entry.buf, length=fsize, offset=0,
@@ -263,6 +349,14 @@ class Writer:
                 tier.counters.write_busy_s += time.perf_counter() - since
                 self._write_busy_since[tier.position] = None
             self._copying.discard((tier.position, entry.key))
+            left = self._inflight_by_key.get(entry.key, 0) - 1
+            if left > 0:
+                self._inflight_by_key[entry.key] = left
+            else:
+                self._inflight_by_key.pop(entry.key, None)
+                held = self._held.get(entry.key)
+                if held is not None:  # its last copy in flight ended and none landed: memory is its only copy
+                    self._mark_unstored(held)
             self._writes_cv.notify_all()
 
     def _on_write_done(self, op: IOOp) -> None:
@@ -301,6 +395,7 @@ class Writer:
                 except FileNotFoundError:
                     pass
                 tier.unreserve(fsize)
+                self.store.owed.paid(tier.name, entry.key)  # no longer wanted
                 return
             if ok:
                 try:
@@ -308,7 +403,9 @@ class Writer:
                     tier.counters.write_bytes += fsize
                     tier.counters.write_chunks += 1
                     self.store.owed.paid(tier.name, entry.key)
-                    if self.store.health[tier.position].on_success():  # recovered: forget its speed measured while failing
+                    self.release_hold(entry.key, entry)  # a copy landed: host memory is no longer the only one
+                    if self.store.health[tier.position].on_success(time.monotonic()):  # recovered: forget its
+                        # speed measured while failing
                         self.store.read_windows.forget(tier.position)
                 except OSError as exc:
                     ok, err = False, -(exc.errno or 5)
@@ -348,20 +445,37 @@ class Writer:
             except Exception:  # a metrics bug must not fail a published write
                 log.exception("tier %s: write listener failed", tier.name)
 
+    def _not_written(self, tier: DirectoryTier, key: bytes, *, owed: bool) -> bool:
+        """A copy issued (journalled in flight) ended without landing. ``owed``: it is owed (the catch-up writes
+        it later); else it is skipped (a full tier), unless it was an acknowledged put's only hope of a copy:
+        then it is owed all the same, never just skipped."""
+        if not owed:
+            with self._writes_cv:
+                owed = key in self._held
+        if owed:
+            self.store.owed.owe(tier.name, key)
+        else:
+            self.store.owed.paid(tier.name, key)  # skipped: its journal record ends
+        return owed
+
     def _write_failed(self, tier: DirectoryTier, key: bytes, err: int) -> None:
         if -err in (_ENOSPC, _EDQUOT):
             tier.counters.write_skipped_full += 1
             # The file system is fuller than our capacity says (other users): shrink our share a little.
             tier.reserve(0)
+            owed = self._not_written(tier, key, owed=False)
         else:
             tier.counters.write_errors += 1
-            self.store.owed.owe(tier.name, key)  # written later from memory or another holder, if either has it
+            owed = self._not_written(tier, key, owed=True)  # written later from memory or another holder
             if -err not in (_EMFILE, _ENFILE):
                 self.store.health[tier.position].on_failure(time.monotonic())
-        log.warning("tier %s: write failed (%s); copy skipped", tier.name, os.strerror(-err) if err < 0 else err)
+        log.warning("tier %s: write failed (%s); copy %s", tier.name, os.strerror(-err) if err < 0 else err,
+                    "owed (written later)" if owed else "skipped")
 
     def drain(self, timeout: float | None = None) -> bool:
-        """Wait until every submitted write has been published or has failed."""
+        """Wait until every copy handed over, or being handed over by a flush on any thread, has been
+        published or has failed (True), or ``timeout`` passes (False). Says nothing of unstored puts
+        (:meth:`unstored`): :meth:`kvstream.store.Store.drain` adds that."""
         with self._writes_cv:
-            return self._writes_cv.wait_for(lambda: self._writes_inflight == 0, timeout)
+            return self._writes_cv.wait_for(lambda: self._writes_inflight == 0 and self._handing_over == 0, timeout)
 
