@@ -149,7 +149,7 @@ __all__ = [
 # Inputs and outputs
 
 # The wait bound's default (SchedulerConfig.max_wait_s, ServingConfig.max_wait_s): why this value, BENCHMARKS §11.
-DEFAULT_MAX_WAIT_S = 10.0
+DEFAULT_MAX_WAIT_S = 60.0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
