@@ -288,17 +288,26 @@ def test_bidaw_ready_request_whose_host_kv_was_evicted_goes_back_to_preparing():
     from kvstream.scheduling import RequestState
     from kvstream.sim.engine import EventLoop
 
-    b = req(1, 0.01, 512)  # in host memory at arrival
-    st = FakeStorage(EventLoop(), disk=set(b.chunk_ids), host=set(b.chunk_ids))
-    core = ServingCore(LinearCost(), st.lookup, ServingConfig(admit="ready", prefetch="hrrn"), chunk_bytes=1)
-    core.handle(Arrival(request=req(9, 0.0, 10_000)), 0.0)  # keeps the GPU busy
-    core.handle(Arrival(request=b), 0.01)
-    assert core.scheduler.state_of(1) is RequestState.READY
-    st.host.clear()  # evicted while it waited
-    acts = core.handle(StepDone(step_id=0), 10.2)
-    loads = [a for a in acts if isinstance(a, StartLoad)]
+    def evicted_while_waiting(max_wait_s: float) -> tuple[ServingCore, list[StartLoad]]:
+        b = req(1, 0.01, 512)  # in host memory at arrival
+        st = FakeStorage(EventLoop(), disk=set(b.chunk_ids), host=set(b.chunk_ids))
+        cfg = ServingConfig(admit="ready", prefetch="hrrn", max_wait_s=max_wait_s)
+        core = ServingCore(LinearCost(), st.lookup, cfg, chunk_bytes=1)
+        core.handle(Arrival(request=req(9, 0.0, 10_000)), 0.0)  # keeps the GPU busy for 10.1 s
+        core.handle(Arrival(request=b), 0.01)
+        assert core.scheduler.state_of(1) is RequestState.READY
+        st.host.clear()  # evicted while it waited
+        acts = core.handle(StepDone(step_id=0), 10.2)
+        return core, [a for a in acts if isinstance(a, StartLoad)]
+
+    core, loads = evicted_while_waiting(60.0)
     assert [(ld.background, ld.items[0][0]) for ld in loads] == [(True, 1)]
     assert core.scheduler.state_of(1) is RequestState.LOADING
+    # The same request past the wait bound (it waited 10.19 s) is served next, with the step loading its KV
+    core, loads = evicted_while_waiting(10.0)
+    assert [(ld.background, ld.items[0][0]) for ld in loads] == [(False, 1)]
+    assert core.scheduler.state_of(1) is RequestState.RUNNING
+    assert core.metrics.counters["overdue_admits"] == 1
 
 
 # -- compute joins the meet-in-the-middle ------------------------------------------------------------------------

@@ -13,9 +13,27 @@ Three policies behind one protocol:
 - :class:`BidawScheduler` — Bidaw's I/O-aware scheduler: a *ready* queue (KV in host memory, or none needed) and
   a *preparing* queue (KV on disk). The engine runs only ready requests, in arrival order. Preparing requests are
   loaded in disk-HRRN order — highest ``1 + waiting_time / kv_bytes`` first, so small loads go first and a large
-  one's ratio grows until it wins (no starvation) — while the bytes being staged in host memory stay within
-  ``staging_bytes`` and at most ``max_loading`` loads are in flight. A load's request takes its arrival-order place
-  in the ready queue when the driver reports it finished.
+  one's ratio grows until it wins — while the bytes being staged in host memory stay within ``staging_bytes`` and
+  at most ``max_loading`` loads are in flight. A load's request takes its arrival-order place in the ready queue
+  when the driver reports it finished. Disk-HRRN alone does not bound a wait: a large load is passed over by
+  every small one whose ratio is higher, and waits ``kv_bytes / small_bytes`` times as long as they do (on agent
+  traces, 137 s where FCFS took 6-19 s); so Bidaw here adds a deadline, the *wait bound* below.
+
+Wait bound (``SchedulerConfig.max_wait_s``, ``W``; every policy keeps it, FCFS-style ones by construction): a
+request that has waited ``W`` (``now - arrival >= W``) is *overdue*, and no request that arrived after an overdue
+request is admitted before it, except while the overdue request's own prefetch is in flight. Bidaw serves overdue
+requests first, in arrival order, as FCFS does: a ready one is admitted (with a synchronous load if its KV left
+host memory: it never goes back to the preparing queue), a preparing one is admitted with a synchronous load (in
+``blocking``), and one whose prefetch is in flight is admitted at the first decision after its load lands, ahead
+of every later arrival (it is then the oldest ready request). From ``W / 2`` on, a preparing request's load goes
+before every disk-HRRN load, oldest first, so that most are ready by their deadline and the GPU need not wait.
+Hence an overdue request waits at most ``W``, plus the step in flight at its deadline, plus, for itself and each
+earlier arrival still waiting then, one load and one step (a step with its synchronous loads). Assumptions: the
+driver calls ``schedule`` on every event (arrival, load finished, step finished) and admits whenever the GPU
+takes new requests (the deadline is checked then: there is no timer; Bidaw keeps a load or a step in flight
+while anything waits, so the events keep coming); loads and steps finish in bounded time; and the batch limits
+and the driver's ``reserve`` let some request in within bounded time (running requests finish). ``math.inf``: no
+bound (Bidaw as published).
 
 *Partly ready* requests (compute joins the meet-in-the-middle, :mod:`kvstream.compute`): a driver whose GPU can
 recompute a request's front while the tiers read its back says how many of its disk bytes that front is
@@ -65,9 +83,10 @@ Request lifecycle (one table, checked on every transition; an illegal one raises
     arrival:        (new)     -> READY       when disk_bytes == 0
                     (new)     -> PREPARING   otherwise
     schedule:       PREPARING -> LOADING     load started (in decision.loads)
-                    READY     -> RUNNING     admitted (in decision.admit)
+                    READY     -> RUNNING     admitted (in decision.admit; with a synchronous load if its
+                                             KV left host memory and FCFS-style or overdue)
                     PREPARING -> RUNNING     admitted with a synchronous load (FCFS, CachedAttention's
-                                             fallback: in loads and blocking)
+                                             fallback, Bidaw's overdue: in loads and blocking)
     load finished:  LOADING   -> READY
                     RUNNING   -> RUNNING     (a synchronous load completing; nothing changes)
     kv evicted:     READY     -> PREPARING   (its KV must come from disk again)
@@ -79,7 +98,9 @@ been admitted (LOADING, or READY after a load) — or, with ``release_staging="p
 driver lists them in ``on_step_finished(..., prefilled=...)``: a serving loop holds the staged KV until the GPU
 has it). It bounds prefetching only; a synchronous load at admission is part of the step and does not count.
 Invariant: staged bytes never exceed ``staging_bytes``, except by one load that is larger than the whole budget,
-started alone when nothing else is staged (or it would never run).
+started alone when nothing else is staged (or it would never run; it then holds its own KV only, which the GPU
+needs in host memory to run it, as a synchronous load of it would). A driver sizes ``staging_bytes`` to leave its
+writes room in host memory (:func:`kvstream.serving.core.staging_budget_chunks`).
 
 Batch limits: ``max_running`` requests in the batch at once, and ``max_prefill_tokens`` new tokens to compute
 per step (a request's ``prefill_tokens``, or what ``check`` says); admission stops at the first request that
@@ -120,11 +141,15 @@ __all__ = [
     "BidawScheduler",
     "make_scheduler",
     "disk_hrrn",
+    "DEFAULT_MAX_WAIT_S",
 ]
 
 
 # ---------------------------------------------------------------------------------------------------------------
 # Inputs and outputs
+
+# The wait bound's default (SchedulerConfig.max_wait_s, ServingConfig.max_wait_s): why this value, BENCHMARKS §11.
+DEFAULT_MAX_WAIT_S = 60.0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -174,10 +199,14 @@ class SchedulerConfig:
     window: int = 32  # CachedAttention: look-ahead window (waiting requests whose KV is prefetched)
     max_loading: int = 1 << 62  # prefetch loads in flight at once (LOADING requests)
     release_staging: str = "admit"  # "admit" | "prefill": when a staged request's bytes stop counting
+    # Bidaw: a request waiting this long is served next, in arrival order (the wait bound; module docstring);
+    # math.inf: never (Bidaw as published, where disk-HRRN alone keeps a large load from waiting forever)
+    max_wait_s: float = DEFAULT_MAX_WAIT_S
 
     def __post_init__(self) -> None:
         if (self.max_running < 1 or self.max_prefill_tokens < 1 or self.staging_bytes < 1 or self.window < 0
-                or self.max_loading < 1 or self.release_staging not in ("admit", "prefill")):
+                or self.max_loading < 1 or self.release_staging not in ("admit", "prefill")
+                or not self.max_wait_s > 0):
             raise UsageError(f"scheduler config out of range: {self}")
 
 
@@ -211,7 +240,8 @@ class StepDecision:
     now: float
     admit: tuple[Hashable, ...] = ()  # requests joining the running batch, in order
     loads: tuple[LoadOrder, ...] = ()  # loads to start now, in this order
-    blocking: tuple[Hashable, ...] = ()  # admitted requests whose loads must finish before the step runs
+    # admitted requests whose loads must finish before the step runs (FCFS-style; Bidaw: overdue ones only)
+    blocking: tuple[Hashable, ...] = ()
     running: int = 0  # requests in the batch after this decision
 
     @property
@@ -689,13 +719,24 @@ class _HRRNQueue:
             return int(cand[0])
         return int(cand[np.argmin(self._seq[cand])])
 
+    def oldest_due(self, cutoff: float) -> int:
+        """Slot of the earliest-queued request that arrived at or before ``cutoff``; -1 if none did."""
+        due = np.flatnonzero(self._valid & (self._arrival <= cutoff))
+        if due.shape[0] == 0:
+            return -1
+        return int(due[np.argmin(self._seq[due])])
+
     def id_at(self, slot: int) -> Hashable:
         rid: Hashable = self._ids[slot]
         return rid
 
 
 class BidawScheduler(Scheduler):
-    """Bidaw's I/O-aware scheduler: ready queue (arrival order) + preparing queue (disk-HRRN loads)."""
+    """Bidaw's I/O-aware scheduler: ready queue (arrival order) + preparing queue (disk-HRRN loads), with the wait
+    bound (``config.max_wait_s``): an overdue request is served next, in arrival order, as FCFS serves it.
+
+    Invariant: ``_waiting`` holds every request not yet admitted, keyed by (arrival, seq); ``_ready`` the READY
+    ones among them, ``_preparing`` the PREPARING ones."""
 
     name = "bidaw"
 
@@ -703,26 +744,29 @@ class BidawScheduler(Scheduler):
         super().__init__(config)
         self._ready: SortedDict = SortedDict()  # (arrival, seq) -> request id; READY and not admitted
         self._preparing = _HRRNQueue()  # PREPARING requests (no load started)
+        self._waiting: SortedDict = SortedDict()  # (arrival, seq) -> request id; every request not yet admitted
+
+    def _queue_preparing(self, rid: Hashable) -> None:
+        arrival, seq = self._order[rid]
+        self._preparing.add(rid, arrival, seq, self._wait_bytes(rid))  # partly ready: its back only
 
     def _enqueue(self, rid: Hashable) -> None:
+        self._waiting[self._order[rid]] = rid
         if self._state[rid] is _S.READY:
             self._ready[self._order[rid]] = rid
         else:
-            arrival, seq = self._order[rid]
-            self._preparing.add(rid, arrival, seq, self._wait_bytes(rid))  # partly ready: its back only
+            self._queue_preparing(rid)
 
     def _loaded(self, rid: Hashable) -> None:
         self._ready[self._order[rid]] = rid  # takes its arrival-order place among the ready
 
     def _evicted(self, rid: Hashable) -> None:
         del self._ready[self._order[rid]]
-        arrival, seq = self._order[rid]
-        self._preparing.add(rid, arrival, seq, self._wait_bytes(rid))
+        self._queue_preparing(rid)
 
     def _resplit(self, rid: Hashable) -> None:
         self._preparing.remove(rid)
-        arrival, seq = self._order[rid]
-        self._preparing.add(rid, arrival, seq, self._wait_bytes(rid))
+        self._queue_preparing(rid)
 
     def preparing(self) -> int:
         return len(self._preparing)
@@ -732,33 +776,94 @@ class BidawScheduler(Scheduler):
         # with time). Requests whose load is in flight are left out: their KV is staged, not evictable.
         yield from self._ready.values()
         state = self._state
-        for rid in self._order:
+        for rid in self._waiting.values():
             if state[rid] is _S.PREPARING:
                 yield rid
+
+    def _take(self, key: tuple[float, int], rid: Hashable, c: Candidate, room: _Admission,
+              adm: list[Hashable], loads: list[LoadOrder], blocking: list[Hashable]) -> None:
+        """Admit ``rid`` (its queue entry ``key``), with a synchronous load when its KV is on disk now."""
+        room.take(c.tokens)
+        del self._waiting[key]
+        if self._state[rid] is _S.READY:
+            del self._ready[key]
+        else:
+            self._preparing.remove(rid)
+        if c.disk_bytes > 0:  # loaded synchronously: part of the step, which waits for it (as FCFS does)
+            loads.append(LoadOrder(request_id=rid, nbytes=c.disk_bytes, priority=float(len(adm)),
+                                   compute_bytes=min(c.compute_bytes, c.disk_bytes)))
+            blocking.append(rid)
+        self._admit(rid)
+        adm.append(rid)
+
+    def _admit_overdue(self, now: float, room: _Admission, check: Check | None, reserve: Reserve | None,
+                       adm: list[Hashable], loads: list[LoadOrder], blocking: list[Hashable]) -> bool:
+        """Admit the overdue requests (waited ``max_wait_s`` or more) in arrival order, as FCFS would: a ready one
+        (with a synchronous load if its KV left host memory), a preparing one with a synchronous load; one whose
+        prefetch is in flight is passed, and is admitted at the first decision after its load lands. True:
+        admission stops (the batch, or the driver, is full), so nothing that arrived later may be admitted now."""
+        cutoff = now - self.config.max_wait_s
+        waiting = self._waiting
+        i = 0
+        while i < len(waiting):
+            key, rid = waiting.peekitem(i)
+            if key[0] > cutoff:
+                return False  # not overdue, nor is anything after it
+            if self._state[rid] is _S.LOADING:
+                i += 1  # its load lands within one load time; then it is the oldest ready request
+                continue
+            if room.slots <= 0:
+                return True
+            c = self._ask(rid, check)
+            if c is None or not room.fits(c.tokens) or (reserve is not None and not reserve(rid)):
+                return True
+            self._take(key, rid, c, room, adm, loads, blocking)
+        return False
 
     def schedule(self, *, now: float, admit: bool = True, check: Check | None = None,
                  reserve: Reserve | None = None) -> StepDecision:
         adm: list[Hashable] = []
+        loads: list[LoadOrder] = []
+        blocking: list[Hashable] = []
         if admit:
             room = self._admission()
+            held = self._admit_overdue(now, room, check, reserve, adm, loads, blocking)
             ready = self._ready
-            while ready and room.slots > 0:
+            while not held and ready and room.slots > 0:
                 key, rid = ready.peekitem(0)
-                c = check(rid) if check is not None else self._ask(rid, None)
+                c = self._ask(rid, check)
                 if c is None:
                     break
-                if c.disk_bytes > 0:  # its KV left host memory while it waited: back to the preparing queue
+                if c.disk_bytes > 0:
+                    # Its KV left host memory while it waited: back to the preparing queue.
                     self.on_kv_evicted(rid, disk_bytes=c.disk_bytes, now=now,
                                        compute_bytes=min(c.compute_bytes, c.disk_bytes))
                     continue
                 if not room.fits(c.tokens) or (reserve is not None and not reserve(rid)):
                     break  # the batch limits, then the driver's own resources (reserve takes what it checks)
-                room.take(c.tokens)
-                del ready[key]
-                self._admit(rid)
-                adm.append(rid)
-        loads: list[LoadOrder] = []
+                self._take(key, rid, c, room, adm, loads, blocking)
+        loads += self._prefetch(now)
+        return StepDecision(now=now, admit=tuple(adm), loads=tuple(loads), blocking=tuple(blocking),
+                            running=len(self._running))
+
+    def _prefetch(self, now: float) -> list[LoadOrder]:
+        """Background loads: the preparing requests that have waited half of ``max_wait_s`` first, oldest first
+        (so that most are ready by their deadline and need no synchronous load), then disk-HRRN order; none
+        overtakes one that cannot start yet (no backfilling: the staging memory drains for it)."""
+        out: list[LoadOrder] = []
         q = self._preparing
+        if not len(q) or self._n_loading >= self.config.max_loading:
+            return out
+        cutoff = now - self.config.max_wait_s / 2
+        while len(q) and self._n_loading < self.config.max_loading:
+            slot = q.oldest_due(cutoff)
+            if slot < 0:
+                break
+            rid = q.id_at(slot)
+            if not self._can_start_load(self._wait_bytes(rid)):
+                return out
+            q.remove(rid)
+            out.append(self._start_load(rid, disk_hrrn(now - self._order[rid][0], self._wait_bytes(rid))))
         if len(q) and self._n_loading < self.config.max_loading and self._fits_staging(q.smallest()):
             ratios = q.ratios(now)
             while len(q):
@@ -767,9 +872,9 @@ class BidawScheduler(Scheduler):
                 if not self._can_start_load(self._wait_bytes(rid)):
                     break  # no backfilling: the top request waits for room, so it cannot be overtaken forever
                 q.remove(rid)
-                loads.append(self._start_load(rid, float(ratios[slot])))
+                out.append(self._start_load(rid, float(ratios[slot])))
                 ratios[slot] = -np.inf
-        return StepDecision(now=now, admit=tuple(adm), loads=tuple(loads), running=len(self._running))
+        return out
 
 
 _SCHEDULERS: dict[str, type[Scheduler]] = {

@@ -321,11 +321,10 @@ def _run_one(name: str, reqs: list[Any], tiers: list[tuple[str, Path]], args: ar
     backend = StoreBackend(probe if probe is not None else store, model=cost.model.name, chunk_bytes=chunk_bytes,
                            compute=compute,
                            read_disk=sysd.get("read_disk", True))
-    mem = parse_size(args.memory, "--memory")
     serving = dataclasses.replace(
         sysd["serving"], hbm_capacity_tokens=max(parse_size(args.gpu_kv, "--gpu-kv") // cost.kv_bytes_per_token, 1),
-        # prefetched KV waits in staging buffers of the same size as the host-memory tier's half
-        prefetch_budget_chunks=max(mem // chunk_bytes // 2, 1) if sysd["serving"].prefetch != "none" else None)
+        # prefetched KV waits pinned in host memory, within what the puts leave (staging_budget_chunks)
+        prefetch_budget_chunks=backend.staging_budget_chunks() if sysd["serving"].prefetch != "none" else None)
     core = ServingCore(cost, backend.lookup, serving, chunk_bytes=chunk_bytes, compute=compute)
     task = progress.add_task(f"{label or name:17s}", total=len(reqs)) if progress is not None else None
     drv = RealtimeDriver(core, backend, reqs, speed=args.speed,

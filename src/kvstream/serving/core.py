@@ -63,6 +63,12 @@ the scheduler admits. ``ServingConfig`` selects the policy:
   whose KV is in host memory; the others are loaded in the background in disk-HRRN order.
 - ``load_mode``: ``step`` = one read plan for all of a step's requests (KVStream) | ``request`` = one
   request's read after another (LMCache). (How a decision is carried out, not which.)
+- ``max_wait_s`` (default :data:`~kvstream.scheduling.DEFAULT_MAX_WAIT_S`): the wait bound every policy keeps
+  (:mod:`kvstream.scheduling` states it and its assumptions): a request that has waited this long is admitted
+  no later than any request that arrived after it; Bidaw serves it next with a synchronous load if need be.
+  The core calls the policy on every event, which is what the bound assumes.
+- ``prefetch_budget_chunks``: the staging memory; :func:`staging_budget_chunks` sizes it so that staged KV
+  and the store's write backlog never fill host memory (puts keep their room).
 
 Queue-aware eviction: :meth:`ServingCore.window_sessions` is the policy's look-ahead window; a driver whose
 host-memory eviction policy has ``set_window`` passes it on after every event (the simulator and replay do).
@@ -79,7 +85,15 @@ from enum import Enum
 
 from kvstream.compute import ComputePolicy, gpu_share
 from kvstream.errors import UsageError
-from kvstream.scheduling import Candidate, LoadOrder, RequestInfo, Scheduler, SchedulerConfig, make_scheduler
+from kvstream.scheduling import (
+    DEFAULT_MAX_WAIT_S,
+    Candidate,
+    LoadOrder,
+    RequestInfo,
+    Scheduler,
+    SchedulerConfig,
+    make_scheduler,
+)
 from kvstream.serving.gpu import CostModel
 from kvstream.serving.hbm import HbmCache
 from kvstream.serving.metrics import RequestRecord, RunMetrics, StepRecord
@@ -89,6 +103,7 @@ __all__ = [
     "ServingConfig",
     "ServingCore",
     "scheduler_config",
+    "staging_budget_chunks",
     "Arrival",
     "LoadDone",
     "StepDone",
@@ -180,9 +195,14 @@ class ServingConfig:
     max_batch_tokens: int = 32768  # prompt tokens computed per step (a longer prompt runs alone)
     max_running: int = 256  # sequences on the GPU at once (vLLM's max_num_seqs)
     max_background_loads: int = 1  # prefetch loads in flight at once
-    prefetch_budget_chunks: int | None = None  # chunks read from disk ahead of the GPU, held until it has them
+    # chunks read from disk ahead of the GPU, held until it has them (staging_budget_chunks sizes it so that puts
+    # keep their room in host memory); None: unlimited (the simulator and replay size it; a bare core does not)
+    prefetch_budget_chunks: int | None = None
     hbm_capacity_tokens: int | None = None  # default: the cost model's KV capacity
     compute: bool = False  # loads may recompute their items' fronts (kvstream.compute)
+    # The wait bound (kvstream.scheduling): a request waiting this long is served next, in arrival order, with a
+    # synchronous load if its KV is not in host memory; math.inf: none (Bidaw as published)
+    max_wait_s: float = DEFAULT_MAX_WAIT_S
 
     def __post_init__(self) -> None:
         if self.admit not in ("fcfs", "ready"):
@@ -198,6 +218,10 @@ class ServingConfig:
             raise UsageError("ServingConfig: prefetch='hrrn' is Bidaw's preparing queue: use it with admit='ready'")
         if self.max_batch_tokens < 1 or self.max_running < 1 or self.max_background_loads < 1:
             raise UsageError("ServingConfig: max_batch_tokens, max_running, max_background_loads must be >= 1")
+        if not self.max_wait_s > 0:
+            raise UsageError(f"ServingConfig.max_wait_s must be > 0 seconds (math.inf: no bound), got {self.max_wait_s!r}")
+        if self.prefetch_budget_chunks is not None and self.prefetch_budget_chunks < 1:
+            raise UsageError("ServingConfig.prefetch_budget_chunks must be >= 1 (None: unlimited)")
 
     @property
     def lookahead(self) -> int:
@@ -220,13 +244,31 @@ class ServingConfig:
 
 def scheduler_config(cfg: ServingConfig, chunk_bytes: int) -> SchedulerConfig:
     """The limits a serving configuration gives its policy: batch slots and prefill tokens, the prefetch budget
-    (held until the GPU has the KV: it stays pinned in host memory until then), background loads in flight."""
+    (held until the GPU has the KV: it stays pinned in host memory until then), background loads in flight, the
+    wait bound."""
     budget = cfg.prefetch_budget_chunks
     return SchedulerConfig(
         max_running=cfg.max_running, max_prefill_tokens=cfg.max_batch_tokens,
         staging_bytes=max(budget * chunk_bytes, 1) if budget is not None else 1 << 62,
         window=cfg.eviction_window, max_loading=cfg.max_background_loads, release_staging="prefill",
+        max_wait_s=cfg.max_wait_s,
     )
+
+
+def staging_budget_chunks(host_chunks: int, backlog_chunks: int = 0) -> int:
+    """The prefetch budget (``ServingConfig.prefetch_budget_chunks``) that leaves the store's puts their room, for a
+    host memory of ``host_chunks`` chunks whose write backlog valve lets ``backlog_chunks`` second copies wait for
+    a slower tier (the store's ``TierConfig.write_backlog_bytes``, half of host memory by default; 0 with one tier
+    or one copy).
+
+    Host memory holds three kinds of chunks no put can evict: KV staged for waiting requests (pinned until the GPU
+    has it), second copies waiting for the slower tier (at most the valve's), and first copies on their way to the
+    local tier. A put waits (and is dropped after ``Store.put_wait_s``) only when the three fill host memory. So
+    staging gets half of what the valve leaves and the other half stays for the first copies:
+    ``(host_chunks - backlog_chunks) // 2``, at least one. Invariant: ``2 x staging + backlog <= host_chunks``
+    (when the valve leaves at least two chunks). Staging half of host memory beside a valve at the other half left
+    the puts nothing (on agent traces, puts waited 31-35 s and some were dropped)."""
+    return max((host_chunks - max(backlog_chunks, 0)) // 2, 1)
 
 
 class Phase(Enum):
@@ -651,6 +693,8 @@ class ServingCore:
             r.move(Phase.STEP)
             self._n_waiting -= 1
             r.rec.hbm_chunks = r.hbm_hit
+            if now - r.req.arrival >= self.cfg.max_wait_s:  # served under the wait bound (kvstream.scheduling)
+                self.metrics.counters["overdue_admits"] = self.metrics.counters.get("overdue_admits", 0) + 1
         return batch
 
     def _run_loads(self, now: float, out: list[Action]) -> None:

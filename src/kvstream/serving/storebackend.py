@@ -281,6 +281,25 @@ class StoreBackend(RealtimeBackend):
         for view in done:  # the store may reuse the buffer (or evict the entry's) from now on
             view.release()
 
+    def staging_budget_chunks(self) -> int:
+        """The prefetch budget (chunks) this store's host memory gives, leaving its puts their room
+        (:func:`kvstream.serving.core.staging_budget_chunks`): host memory and the write backlog valve counted in
+        the buffers a chunk's file image takes (header and payload, in the pool's size class: a 48 MiB chunk
+        takes 56 MiB), the valve only when a chunk may get a second copy (more than one tier)."""
+        from kvstream.format import file_size
+        from kvstream.io.buffers import BufferPool
+        from kvstream.serving.core import staging_budget_chunks
+
+        store = self.store
+        fsize = file_size(self.chunk_bytes)
+        memory = store.config.memory_bytes
+        backlog = 0
+        if len(store.tiers) > 1:
+            backlog = max(t.cfg.write_backlog_bytes if t.cfg.write_backlog_bytes is not None else memory // 2
+                          for t in store.tiers[1:])
+        backlog_chunks = -(-backlog // fsize)  # the valve takes a copy while the backlog is below its limit
+        return staging_budget_chunks(memory // BufferPool.size_class(fsize), backlog_chunks)
+
     @property
     def staged_bytes(self) -> int:
         with self._lock:

@@ -36,6 +36,7 @@ from kvstream.serving.core import (
     StartStep,
     StepDone,
     WriteChunks,
+    staging_budget_chunks,
 )
 from kvstream.serving.gpu import CostModel, get_gpu, get_model_shape
 from kvstream.serving.metrics import RunMetrics, summarize
@@ -281,8 +282,11 @@ def simulate(
     if system.compute and not serving.compute:
         serving = dataclasses.replace(serving, compute=True)
     if serving.prefetch != "none" and serving.prefetch_budget_chunks is None:
-        # Prefetched KV waits pinned in host memory: keep it to half of it, the rest stays a cache.
-        serving = dataclasses.replace(serving, prefetch_budget_chunks=max(int(system.host_memory_bytes // chunk_bytes) // 2, 1))
+        # Prefetched KV waits pinned in host memory: half of what the write backlog valve leaves (second copies
+        # exist with two tiers or more), the rest stays for puts (staging_budget_chunks).
+        backlog = int(system.write_backlog_bytes or 0) if len(system.tiers) > 1 else 0
+        serving = dataclasses.replace(serving, prefetch_budget_chunks=staging_budget_chunks(
+            int(system.host_memory_bytes // chunk_bytes), backlog // chunk_bytes))
     if hardware.hbm_kv_bytes is not None and serving.hbm_capacity_tokens is None:
         serving = dataclasses.replace(serving, hbm_capacity_tokens=int(hardware.hbm_kv_bytes // cost.kv_bytes_per_token))
 

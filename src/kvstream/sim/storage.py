@@ -173,6 +173,7 @@ class SimStorage:
         self.host_hits = 0
         self.host_evictions = 0
         self.host_overflow_max = 0
+        self.puts_no_room = 0  # puts that found host memory all pinned (the store's put would wait): write()
         self.loads_done = 0
         self.duplicate_chunks = 0
         self.lost_chunks = 0
@@ -450,12 +451,19 @@ class SimStorage:
 
     # -- writes ---------------------------------------------------------------------------------------------
     def write(self, w: WriteChunks) -> None:
-        """``put``: the chunks enter host memory at once (dirty, pinned) and wait for the next :meth:`flush`."""
+        """``put``: the chunks enter host memory at once (dirty, pinned) and wait for the next :meth:`flush`. A put
+        that finds host memory all pinned (staged loads, unwritten chunks) is counted (``puts_no_room``): the
+        store's put would wait there for a write to finish, and drop the chunk after ``put_wait_s``; the model
+        overflows instead."""
         meta = AccessMeta(session=w.session, prev_answer_tokens=w.prev_answer_tokens)
         for j, c in enumerate(w.chunk_ids):
             self.put_bytes += self.chunk_bytes
             if c in self._buffered:
                 continue
+            if c not in self._host:
+                self._make_room()
+                if len(self._host) >= self.host_cap:
+                    self.puts_no_room += 1
             self._pin(c, meta)
             self._buffered[c] = w.first_position + j
         self._buffer_end = w.first_position + len(w.chunk_ids)
@@ -660,6 +668,7 @@ class SimStorage:
             "write_amplification": written / self.put_bytes if self.put_bytes else 0.0,
             "host_evictions": self.host_evictions,
             "host_overflow_max": self.host_overflow_max,
+            "puts_no_room": self.puts_no_room,
             "duplicate_chunks": self.duplicate_chunks,
             "lost_chunks": self.lost_chunks,
             "copy_orders": self.copy_orders,
