@@ -498,6 +498,49 @@ def test_put_returns_at_once_holds_references_and_close_waits(disk_tmp):
             _release(got)
 
 
+def test_a_chunk_pinned_by_an_lmcache_lookup_is_never_evicted_and_puts_that_need_it_are_refused(disk_tmp):
+    """Issue 21, item 4: LMCache's contract (pin_count, can_evict) reaches kvstream's disk eviction. The tier
+    holds 3 chunks; a lookup with pin=True pins the first two; more puts evict only the unpinned one, and once
+    every chunk on the tier is pinned a put is refused (counted, retryable) instead of evicting one."""
+    extra = {"kvstream.tiers": f"local={disk_tmp / 'local'}", "kvstream.capacity_bytes": "2MiB",
+             "kvstream.memory_bytes": "16MiB"}
+    with manager(extra) as sm:
+        plugin = _plugin(sm)
+        store = plugin.store
+        infos, refs = _chunks(sm, 8 * CHUNK, seed=4)
+        keys = [k for _, _, k in infos]
+        sk = plugin._keys.many(keys)
+
+        def stored(i: int) -> None:
+            _put(sm, [infos[i]], [refs[i]])
+            _wait_stored(sm, [keys[i]])
+            store.flush()
+            assert store.drain(10)
+
+        for i in range(3):
+            stored(i)
+        assert sm.batched_contains(keys[:2], pin=True)[0] == 2  # vLLM's lookup: pins what it reports
+        stored(3)  # evicts chunk 2, the only unpinned one
+        on_disk = lambda i: store.tiers[0].contains(sk[i])  # noqa: E731
+        assert on_disk(0) and on_disk(1) and not on_disk(2) and on_disk(3)
+        assert plugin.pin(keys[3])  # now all three on the tier are pinned
+        refused = _metric("lmcache:kvstream_num_refused_pinned_total", tier="local")
+        stored(4)
+        assert [on_disk(i) for i in range(5)] == [True, True, False, True, False]
+        plugin._tick()  # publish the store's counters
+        assert _metric("lmcache:kvstream_num_refused_pinned_total", tier="local") == refused + 1
+        store.evict_memory()
+        got = _get(sm, keys[:2])
+        try:
+            assert all(o is not None and torch.equal(o.tensor, r) for o, r in zip(got, refs[:2]))
+        finally:
+            _release(got)
+        sm.batched_unpin(keys[:2])
+        assert plugin.unpin(keys[3])
+        stored(5)  # unpinned again: the least recently used goes
+        assert sum(on_disk(i) for i in (0, 1, 3)) == 2 and on_disk(5)
+
+
 def test_remove_pin_unpin(disk_tmp):
     with manager(_tiers(disk_tmp)) as sm:
         plugin = _plugin(sm)

@@ -63,6 +63,7 @@ from kvstream.writer import Writer
 from kvstream.tiers.files import DirectoryTier
 from kvstream.tiers.lease import node_uid_for
 from kvstream.tiers.memory import HostMemoryTier, MemEntry
+from kvstream.tiers.pins import Pins
 
 __all__ = ["Store", "Chunk", "ChunkPlace", "CloseReport", "ComputeRequest", "RECOMPUTED", "ReadIntoResult",
            "open_store"]
@@ -162,12 +163,13 @@ class Store:
         # ``engine`` lets tests and fault drills wrap the real engine (kvstream.io.faults); normally from config.
         self.engine = engine if engine is not None else make_engine(config.io_engine)
         self.tiers: list[DirectoryTier] = []
+        self.pins = Pins()  # chunks kept out of every tier's eviction (LMCache's pin/unpin): kvstream.tiers.pins
         try:
             node_uid = node_uid_for(config)  # persistent, random: identity on shared tiers (docs/shared-tier.md)
             for i, tcfg in enumerate(config.tiers):
                 self.tiers.append(DirectoryTier(tcfg, index=i, engine=self.engine, node_id=config.node_id,
                                                 create=config.create_dirs, field_prefix=f"tiers[{i}]",
-                                                node_uid=node_uid))
+                                                node_uid=node_uid, pins=self.pins))
         except OSError as exc:  # a dead or unreadable file system under a tier: say which, not a traceback
             for t in self.tiers:
                 t.close()
@@ -667,6 +669,38 @@ class Store:
         if ordered:
             self.flush()  # a node that only reads (a peer's prefixes) may never put: hand the copies over now
 
+    # -- pins -----------------------------------------------------------------------------------------------
+    def pin(self, key: bytes) -> bool:
+        """Keep ``key`` out of every tier's eviction until as many :meth:`unpin` calls (LMCache's contract:
+        :mod:`kvstream.tiers.pins`). False, and nothing pinned, if the store does not hold the chunk. While
+        pinned chunks fill a tier, a copy that could only be written by evicting them is refused (counted in
+        ``write_refused_pinned``; the chunk stays in host memory, and a later put may try again)."""
+        self._check_open()
+        if not self.contains(key):
+            return False
+        self.pins.add(key)
+        if any([t.hold(key) for t in self.tiers]):  # every tier: each keeps its copy
+            return True
+        entry = self.memory.peek(key)
+        if entry is not None and entry.dirty:
+            return True  # its copies are being written: each tier holds it as it lands (pinned by then)
+        # No tier holds it safe: not on any (host memory only), or its eviction was decided before the pin.
+        if self.pins.remove(key) == 0:
+            for t in self.tiers:
+                t.release(key)
+        return False
+
+    def unpin(self, key: bytes) -> bool:
+        """Take one pin off ``key``; False if it had none. At zero the chunk may be evicted again."""
+        self._check_open()
+        n = self.pins.remove(key)
+        if n is None:
+            return False
+        if n == 0:
+            for t in self.tiers:
+                t.release(key)
+        return True
+
     # -- administration -------------------------------------------------------------------------------------
     def remove(self, key: bytes) -> bool:
         """Delete a chunk from memory and every tier. Returns True if it was anywhere.
@@ -674,6 +708,7 @@ class Store:
         A put not yet flushed is cancelled, and a write already in flight is unpublished when it lands
         (``MemEntry.removed``), so a removed key never reappears after :meth:`drain`."""
         self._check_open()
+        self.pins.clear(key)  # a remove is forced (LMCache's remove(force=True)): its pins go with it
         with self._lock:
             self.removals.record(key)
             entry = self.memory.peek(key)
@@ -750,6 +785,9 @@ class Store:
                 read_latency_p50_s=r50, read_latency_p99_s=r99, write_latency_p50_s=w50, write_latency_p99_s=w99,
                 circuit=breaker.state, circuit_opened=breaker.opened, index_load_s=t.index.load_seconds,
                 removed_temporaries=t.removed_temporaries, replicas_owed=owed.get(t.name, 0),
+                read_retried=c.read_retried, read_transient=c.read_transient,
+                write_refused_pinned=c.write_refused_pinned, pinned_chunks=t.pinned_count(),
+                index_damaged_records=t.index.damaged_records, down=t.down,
             )
         counts = dict(self._c)  # a copy: other threads keep counting
 

@@ -50,10 +50,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-import xxhash
-
-from kvstream.errors import CorruptChunkError, UsageError
-from kvstream.format import HEADER_BYTES, decode_header
+from kvstream.errors import UsageError
+from kvstream.tiers.recheck import check_chunk_file
 from kvstream.tiers.files import MARKER, TMP_RE, _MARKER_TEXT, _TMP_MAX_AGE_S
 from kvstream.tiers.index import OP_DEL, OP_PUT, SNAPSHOT_SUFFIX, TierIndex, _decode_log, _parse_snapshot, _REC_BYTES
 from kvstream.replica_debt import ReplicaReport, check_replicas
@@ -65,7 +63,6 @@ _CHUNK_NAME = re.compile(r"^([0-9a-f]{2,128})\.kvc$")
 _TOP = {MARKER, "chunks", "tmp", "index", "quarantine", "node-id", "owed"}
 _INDEX_FILES = re.compile(r"^(log-.*\.(log|closed)|([0-9a-f]{16}\.)?snapshot\.idx|([0-9a-f]{16}\.)?compact\.lock|"
                           r"snapshot\..*\.tmp|lease-[0-9a-f]{16}-[0-9a-f]{8})$")
-_READ_BLOCK = 4 << 20
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,37 +106,10 @@ class TierReport:
 
 
 def _check_chunk(path: Path, key_hex: str) -> tuple[int, str | None]:
-    """(file size, None) if the file is a valid chunk for ``key_hex``, else (size, the failed check).
-
-    Opened with ``O_NONBLOCK`` and checked to be a regular file first: a FIFO planted at a chunk path would
-    block a plain open (and ``verify``) forever."""
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
-    st = os.fstat(fd)
-    if not stat.S_ISREG(st.st_mode):
-        os.close(fd)
-        return 0, "not a regular file"
-    with os.fdopen(fd, "rb") as f:
-        size = st.st_size
-        head = f.read(HEADER_BYTES)
-        try:
-            header = decode_header(head, where=str(path), expect_key=bytes.fromhex(key_hex))
-        except CorruptChunkError as exc:
-            return size, exc.reason
-        if size < header.file_size:
-            return size, f"truncated file ({size} of {header.file_size} B)"
-        if size > header.file_size:
-            return size, f"file is {size} B, its header says {header.file_size} B"
-        h = xxhash.xxh3_64()
-        left = header.payload_len
-        while left:
-            block = f.read(min(left, _READ_BLOCK))
-            if not block:
-                return size, f"truncated payload ({header.payload_len - left} of {header.payload_len} B)"
-            h.update(block)
-            left -= len(block)
-        if h.intdigest() != header.payload_sum:
-            return size, "payload checksum mismatch"
-    return size, None
+    """(file size, None) if the file is a valid chunk for ``key_hex``, else (size, the failed check): the
+    store's own check (:func:`kvstream.tiers.recheck.check_chunk_file`)."""
+    size, _ino, why = check_chunk_file(path, bytes.fromhex(key_hex))
+    return size, why
 
 
 def _mode_problem(st: os.stat_result) -> str | None:

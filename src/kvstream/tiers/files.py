@@ -41,7 +41,9 @@ from kvstream.eviction import EvictionPolicy, eviction_options, make_eviction_po
 from kvstream.io.buffers import ALIGN, AlignedBuffer
 from kvstream.io.engine import IOEngine, Ring
 from kvstream.tiers.index import OP_DEL, OP_PUT, TierIndex
+from kvstream.tiers.pins import Pins
 from kvstream.tiers.private import mkdir_private
+from kvstream.tiers.recheck import read_size
 
 __all__ = ["DirectoryTier", "TierCounters", "MARKER"]
 
@@ -63,7 +65,9 @@ class TierCounters:
     read_busy_s: float = 0.0  # wall time with at least one read of this tier in flight
     duplicate_chunks: int = 0
     read_errors: int = 0
-    corrupt_chunks: int = 0
+    corrupt_chunks: int = 0  # quarantined: failed verification twice (the read, then a re-read of the file)
+    read_retried: int = 0  # reads that failed verification and were read again before any verdict
+    read_transient: int = 0  # ... whose re-read verified: a fault on the way, the file intact and kept
     missing_files: int = 0
     write_bytes: int = 0
     write_busy_s: float = 0.0  # wall time with at least one copy handed to the tier's writer and not finished
@@ -75,6 +79,7 @@ class TierCounters:
     write_retried_nospace: int = 0  # writes retried after ENOSPC/EDQUOT, once room was made by eviction
     already_present: int = 0  # publishes that found the key published first
     write_retried_stale: int = 0  # writes retried once after ESTALE (a peer's delete or a re-created folder)
+    write_refused_pinned: int = 0  # copies refused: only evicting pinned chunks would have made room
     evicted_chunks: int = 0
     evicted_bytes: int = 0
     latencies: list[float] = field(default_factory=list, repr=False)  # recent per-chunk read latencies (s)
@@ -100,7 +105,7 @@ class DirectoryTier:
     """One tier folder: layout, index, capacity, atomic publish, and its read and write rings."""
 
     def __init__(self, cfg: TierConfig, *, index: int, engine: IOEngine, node_id: str, create: bool,
-                 field_prefix: str, node_uid: str | None = None) -> None:
+                 field_prefix: str, node_uid: str | None = None, pins: Pins | None = None) -> None:
         self.cfg = cfg
         self.name = cfg.name
         self.position = index  # index in the store's tier list (0 = primary)
@@ -126,9 +131,13 @@ class DirectoryTier:
             raise ConfigError(f"{field_prefix}.eviction", str(exc).strip('"')) from None
         self._lock = threading.Lock()
         self._dropping: set[bytes] = set()  # keys whose delete record is being logged (see drop)
-        # Invariant: the policy holds exactly the keys of _own and _adopted; _used is the sum of _own's sizes.
+        # Invariant: the policy holds exactly the keys of _own and _adopted that are not in _held; _held is the
+        # keys of _own and _adopted that are pinned (kept out of the policy, so never a victim); _used is the
+        # sum of _own's sizes (pinned ones included: they still take room).
         self._own: dict[bytes, int] = {}  # this node's chunks: counted against capacity (its quota here)
         self._adopted: set[bytes] = set()  # chunks of nodes with no live lease: evictable, not counted
+        self.pins = pins if pins is not None else Pins()
+        self._held: set[bytes] = set()
         self._used = 0
         self._live_uids: set[str] | None = None  # nodes with a live lease at the last look (shared tiers)
         self._resync()
@@ -136,6 +145,7 @@ class DirectoryTier:
         self._made_dirs: set[str] = set()
         self._link_ok = True
         self.counters = TierCounters()
+        self.down = ""  # why the tier could not be opened ("" while up): see DirectoryTier.opened_down
         self.read_ring: Ring = engine.ring(f"{cfg.name}-r", depth=cfg.read_depth, max_bytes=cfg.read_inflight_bytes)
         self.write_ring: Ring = engine.ring(f"{cfg.name}-w", depth=cfg.write_depth, max_bytes=cfg.write_inflight_bytes)
         self._last_refresh = time.monotonic()
@@ -296,7 +306,7 @@ class DirectoryTier:
         with self._lock:
             if key in self._dropping:
                 return  # a drop of ours is logging its delete: it does the bookkeeping
-            in_policy = key in self._own or key in self._adopted
+            in_policy = (key in self._own or key in self._adopted) and key not in self._held
             if key in self._own:
                 self._used -= self._own.pop(key)
             self._adopted.discard(key)
@@ -305,10 +315,43 @@ class DirectoryTier:
                 self._used += size  # type: ignore[operator]
             elif adopt:
                 self._adopted.add(key)
-            if (mine or adopt) and not in_policy:
+            member = mine or adopt
+            held = member and self.pins.pinned(key)
+            if held:
+                self._held.add(key)
+            else:
+                self._held.discard(key)
+            if member and not held and not in_policy:
                 self.policy.on_insert(key, size)  # type: ignore[arg-type]
-            elif not (mine or adopt) and in_policy:
+            elif (not member or held) and in_policy:
                 self.policy.on_remove(key)
+
+    # -- pins -----------------------------------------------------------------------------------------------
+    def hold(self, key: bytes) -> bool:
+        """The key is pinned (its count in :attr:`pins` is above zero): take it out of the eviction policy.
+        True if this tier now holds the chunk safe from eviction; False if it does not hold it, or if an
+        eviction, remove or quarantine of it is already under way (taken before the pin: it goes)."""
+        with self._lock:
+            if key in self._dropping or not self.pins.pinned(key):
+                return False
+            if key in self._own or key in self._adopted:
+                if key not in self._held:
+                    self._held.add(key)
+                    self.policy.on_remove(key)
+                return True
+            return key in self.index  # listed, but another live node's: never evicted here anyway
+
+    def release(self, key: bytes) -> None:
+        """The key's last pin went: it may be evicted again (it re-enters the policy as just used)."""
+        with self._lock:
+            if key in self._held and not self.pins.pinned(key):
+                self._held.discard(key)
+                size = self._own.get(key, self.index.get(key) or 0)
+                self.policy.on_insert(key, size)
+
+    def pinned_count(self) -> int:
+        """Chunks of this tier kept out of eviction by a pin (a gauge)."""
+        return len(self._held)
 
     # -- reads ----------------------------------------------------------------------------------------------
     def open_for_read(self, key: bytes) -> tuple[int, int] | None:
@@ -323,11 +366,10 @@ class DirectoryTier:
         looks like from here. Raises :class:`TierError` if the tier cannot open it (I/O error, the tier folder
         vanished): the file may be intact, so the key is kept; the caller reads another replica and counts a
         tier failure."""
-        size = self.index.get(key)
-        if size is None:
+        if key not in self.index:
             return None
         try:
-            fd = self._open_regular(key)
+            got = self._open_regular(key)
         except OSError as exc:
             if exc.errno in _GONE:
                 if not self.present():  # the whole tier is gone (unmounted): a tier failure, not a lost file
@@ -340,35 +382,39 @@ class DirectoryTier:
                 return None
             self.counters.read_errors += 1
             raise TierError(self.name, "open", exc.errno, f"{self.relpath(key)}: {exc.strerror}") from None
-        if fd is None:
+        if got is None:
             self.quarantine(key, "not a regular file")
             return None
-        return fd, size
+        return got
 
     def open_ahead(self, key: bytes) -> tuple[int, int] | None:
         """Like :meth:`open_for_read` for a read that may never be issued (opened early, off the I/O path):
         None on any failure, counting nothing; the read proper then opens the file itself and reports."""
-        size = self.index.get(key)
-        if size is None:
+        if key not in self.index:
             return None
         try:
-            fd = self._open_regular(key)
+            return self._open_regular(key)
         except OSError:
             return None
-        return None if fd is None else (fd, size)
 
-    def _open_regular(self, key: bytes) -> int | None:
-        """A descriptor for reading the chunk file (``O_NONBLOCK``: a FIFO cannot block the open), or None if
-        what sits at the path is not a regular file. Raises ``OSError`` if it cannot be opened."""
+    def _open_regular(self, key: bytes) -> tuple[int, int] | None:
+        """(descriptor, bytes to read) for the chunk file (``O_NONBLOCK``: a FIFO cannot block the open), or None
+        if what sits at the path is not a regular file. Raises ``OSError`` if it cannot be opened.
+
+        The size is the open file's own (``fstat``), not the index's: the index is a hint that can be stale
+        (another node removed the key and put it again, larger) or wrong (a damaged record), and a read sized
+        from it cut an intact file short and quarantined it. Never trusted blindly either: at least a header,
+        at most the tier's capacity (no chunk of ours is larger); the header read then decides."""
         fd = os.open(self.path_for(key), self._open_flags_read | os.O_NONBLOCK)
         try:
-            if stat.S_ISREG(os.fstat(fd).st_mode):
-                return fd
+            st = os.fstat(fd)
         except OSError:
             os.close(fd)
             raise
-        os.close(fd)
-        return None
+        if not stat.S_ISREG(st.st_mode):
+            os.close(fd)
+            return None
+        return fd, read_size(st.st_size, self.cfg.capacity_bytes)
 
     def _not_a_file(self, key: bytes) -> bool:
         """True (and the entry quarantined) if something other than a regular file sits at the chunk's path."""
@@ -425,6 +471,12 @@ class DirectoryTier:
             fits = self._used + self._reserved + nbytes <= self.cfg.capacity_bytes
             if fits:
                 self._reserved += nbytes
+            elif self._held:
+                # Nothing evictable is left: if the pinned chunks hold the room, the put is refused (LMCache's
+                # contract: pinned chunks are never evicted; the caller may put it again later), and counted.
+                pinned = sum(self._own.get(k, 0) for k in self._held)
+                if self._used + self._reserved + nbytes - pinned <= self.cfg.capacity_bytes:
+                    self.counters.write_refused_pinned += 1
         self._evict(victims)
         return fits
 
@@ -432,11 +484,15 @@ class DirectoryTier:
         """The policy's next victim, taken out of the policy and the quota and marked dropping; None if there
         is none. Only this node's chunks and those of nodes with no live lease are in the policy, so nothing a
         live peer owns is ever picked. Called with ``_lock`` held."""
-        key = self.policy.victim()
-        if key is None:
-            return None
-        assert isinstance(key, bytes)  # the policy only ever holds this tier's chunk keys
-        self.policy.on_remove(key)
+        while True:
+            key = self.policy.victim()
+            if key is None:
+                return None
+            assert isinstance(key, bytes)  # the policy only ever holds this tier's chunk keys
+            self.policy.on_remove(key)
+            if not self.pins.pinned(key):
+                break
+            self._held.add(key)  # pinned since it was last placed (its hold() has not run yet): never a victim
         size = self._own.pop(key, None)
         if size is not None:
             self._used -= size
@@ -574,8 +630,9 @@ class DirectoryTier:
             known = key in self.index and not busy
             if known:
                 self._dropping.add(key)
-                if key in self._own or key in self._adopted:
+                if (key in self._own or key in self._adopted) and key not in self._held:
                     self.policy.on_remove(key)
+                self._held.discard(key)
                 if key in self._own:
                     self._used -= self._own.pop(key)
                 self._adopted.discard(key)
@@ -594,9 +651,17 @@ class DirectoryTier:
             with self._lock:
                 self._dropping.discard(key)
 
-    def quarantine(self, key: bytes, reason: str) -> None:
-        """Move a chunk that failed verification out of the way (kept for inspection) and forget it."""
+    def quarantine(self, key: bytes, reason: str, *, ino: int | None = None) -> None:
+        """Move a chunk that failed verification out of the way (kept for inspection) and forget it. ``ino``:
+        the inode that was found bad; if the name holds another file by now (the key removed and put again
+        since), that file is left alone."""
         src = self.path_for(key)
+        if ino is not None:
+            try:
+                if os.lstat(src).st_ino != ino:
+                    return
+            except OSError:
+                return  # gone already: the read that failed was a miss
         dst = self.root / "quarantine" / f"{key.hex()}.{int(time.time())}.kvc"
         try:
             os.rename(src, dst)

@@ -261,6 +261,7 @@ class TierIndex:
         self.reloads = 0  # full reloads after a snapshot changed or a log vanished (see refresh)
         self.load_retries = 0  # loads listed again because a file vanished under them (see _load)
         self.append_errors = 0  # records that could not be appended to our log (see _append)
+        self.damaged_records = 0  # records skipped as damaged mid-log (bad checksum, zeroed hole), at load or refresh
         self._own_size = 0  # bytes of whole records in our log; the reserve beyond it is zeros
         self._reserved = 0  # bytes allocated to our log (>= _own_size when reservation works)
         t0 = time.perf_counter()
