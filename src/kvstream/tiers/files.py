@@ -43,6 +43,7 @@ from kvstream.io.engine import IOEngine, Ring
 from kvstream.tiers.index import OP_DEL, OP_PUT, TierIndex
 from kvstream.tiers.pins import Pins
 from kvstream.tiers.private import mkdir_private
+from kvstream.tiers.rebuild import valid_unlisted
 from kvstream.tiers.recheck import read_size
 
 __all__ = ["DirectoryTier", "TierCounters", "MARKER"]
@@ -124,6 +125,7 @@ class DirectoryTier:
         self._open_flags_read = os.O_RDONLY | (os.O_DIRECT if self.direct else 0)
         self._open_flags_write = os.O_WRONLY | os.O_CREAT | os.O_EXCL | (os.O_DIRECT if self.direct else 0)
         self.index = TierIndex(self.root / "index", node_id=node_id, node_uid=node_uid)
+        self.relisted_chunks = self._rebuild() if self.index.damaged else 0
         self.removed_temporaries = self._clean_tmp()  # after the index: it judges writers by their leases
         try:
             self.policy: EvictionPolicy = make_eviction_policy(cfg.eviction, **eviction_options(cfg.eviction, cfg.capacity_bytes))
@@ -182,6 +184,36 @@ class DirectoryTier:
         if text != _MARKER_TEXT:
             log.warning("tier %s: %s says %r, this build writes %r; chunks that do not verify will be ignored",
                         self.name, marker, text.strip()[:80], _MARKER_TEXT.strip())
+
+    def _rebuild(self) -> int:
+        """The index met damage at load (a damaged snapshot, damaged log records): puts may be lost and valid
+        chunk files unlisted. Rebuild what this node may: set its own damaged snapshot aside (its next
+        compaction, run now, writes a new one) and list again every whole chunk file no index lists
+        (:mod:`kvstream.tiers.rebuild`). On a shared tier only damage in this node's own index files is
+        rebuilt here (each node rewrites only its own); damage in a peer's is a warning for its owner's next
+        open or ``kvstream verify --repair``. Returns the chunks listed again."""
+        idx = self.index
+        if self.cfg.shared and not idx.own_damage():
+            log.warning("tier %s: damaged index files of other nodes (%s; %d damaged log records): their owners "
+                        "rebuild them at their next open, or run `kvstream verify --repair %s`", self.name,
+                        ", ".join(sorted(idx.damaged_snapshots)) or "no snapshot", idx.damaged_records, self.root)
+            return 0
+        moved = False
+        for name in sorted(idx.damaged_snapshots):
+            moved = idx.set_aside_snapshot(name, self.root / "quarantine") or moved
+        young = 0.0
+        if self.cfg.shared and idx.lease.live_uids() - {idx.uid}:
+            young = idx.lease.expiry_s  # a live peer's publish may not be logged yet: leave young files alone
+        n = 0
+        for key, size in valid_unlisted(self.root, idx, limit=self.cfg.capacity_bytes, young_s=young):
+            idx.record(OP_PUT, key, size)
+            n += 1
+        if moved:
+            idx.compact_now()
+        log.warning("tier %s: the index was damaged (%d damaged log records, snapshot(s) %s); rebuilt from the "
+                    "chunk files: %d chunk(s) listed again", self.name, idx.damaged_records,
+                    ", ".join(sorted(idx.damaged_snapshots)) or "fine", n)
+        return n
 
     def _probe_direct(self) -> bool:
         mode = self.cfg.direct_io
