@@ -561,7 +561,8 @@ def test_two_nodes_writing_and_reading_the_same_keys_never_see_a_torn_chunk(disk
     procs = []
     for node in ("a", "b"):
         cfg = config(disk_tmp, node_id=f"node-{node}", router="single:shared", tiers=[
-            {"name": "shared", "path": str(disk_tmp / "shared"), "capacity_bytes": "1GiB", "shared": True}])
+            {"name": "shared", "path": str(disk_tmp / "shared"), "capacity_bytes": "1GiB", "shared": True,
+             "require_mount": False}])
         procs.append(ctx.Process(target=_node, args=(cfg, keys, 2.5, ord(node), q)))
     for p in procs:
         p.start()

@@ -541,6 +541,41 @@ def test_a_chunk_pinned_by_an_lmcache_lookup_is_never_evicted_and_puts_that_need
         assert sum(on_disk(i) for i in (0, 1, 3)) == 2 and on_disk(5)
 
 
+def test_a_shared_tier_whose_file_system_is_not_mounted_is_down_and_kvstream_serves_from_local(disk_tmp, caplog):
+    """Issue 21, item 5: LMCache's create_dirs default used to create the shared tier on the root disk under its
+    empty mount point. Now the tier is opened down (logged as an error, lmcache:kvstream_tier_down), nothing is
+    created there, and kvstream serves from its local tier (LMCache keeps kvstream)."""
+    from kvstream.tiers.mounts import mount_point_of
+
+    if mount_point_of(disk_tmp) != Path("/"):
+        pytest.skip(f"{disk_tmp} is not on the root file system here: no unmounted mount point to stage")
+    mnt = disk_tmp / "mnt"
+    mnt.mkdir()
+    extra = {"kvstream.tiers": f"local={disk_tmp / 'local'},shared={mnt / 'kvstream'}",
+             "kvstream.capacity_bytes": "256MiB", "kvstream.memory_bytes": "16MiB", "kvstream.shared_tiers": "shared",
+             "kvstream.node_state_path": str(disk_tmp / "node-id")}
+    with manager(extra) as sm:
+        plugin = _plugin(sm)
+        infos, refs = _chunks(sm, 2 * CHUNK, seed=9)
+        keys = [k for _, _, k in infos]
+        _put(sm, infos, refs)
+        _wait_stored(sm, keys)
+        plugin.store.flush()
+        assert plugin.store.drain(10)
+        plugin.store.evict_memory()
+        got = sm.batched_get(keys, location=PLUGIN)
+        try:
+            assert all(o is not None and torch.equal(o.tensor, r) for o, r in zip(got, refs))
+        finally:
+            _release(got)
+        plugin._tick()
+        assert _metric("lmcache:kvstream_tier_down", tier="shared") == 1
+        assert _metric("lmcache:kvstream_tier_down", tier="local") == 0
+    assert list(mnt.iterdir()) == []
+    assert any("tier shared is DOWN" in r.getMessage() and "root file system" in r.getMessage()
+               for r in caplog.records)
+
+
 def test_remove_pin_unpin(disk_tmp):
     with manager(_tiers(disk_tmp)) as sm:
         plugin = _plugin(sm)

@@ -32,7 +32,8 @@ SIZE = 32 * 1024
 
 def cfg(root, *, shared_node: str | None = None, **kw) -> dict:
     if shared_node is not None:  # one node of a shared tier (two stores in one process)
-        d = {"tiers": [{"name": "shared", "path": str(root / "shared"), "capacity_bytes": "256MiB", "shared": True}],
+        d = {"tiers": [{"name": "shared", "path": str(root / "shared"), "capacity_bytes": "256MiB", "shared": True,
+                        "require_mount": False}],
              "node_id": shared_node, "node_state_path": str(root / f"state-{shared_node}" / "node-id")}
     else:
         d = {"tiers": [{"name": "local", "path": str(root / "local"), "capacity_bytes": "256MiB"},

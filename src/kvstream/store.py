@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 
 from kvstream.config import StoreConfig
-from kvstream.errors import ConfigError, StoreClosedError, UsageError
+from kvstream.errors import ConfigError, StoreClosedError, TierUnavailable, UsageError
 from kvstream.eviction import AccessMeta
 from kvstream.format import (
     HEADER_BYTES,
@@ -166,10 +166,7 @@ class Store:
         self.pins = Pins()  # chunks kept out of every tier's eviction (LMCache's pin/unpin): kvstream.tiers.pins
         try:
             node_uid = node_uid_for(config)  # persistent, random: identity on shared tiers (docs/shared-tier.md)
-            for i, tcfg in enumerate(config.tiers):
-                self.tiers.append(DirectoryTier(tcfg, index=i, engine=self.engine, node_id=config.node_id,
-                                                create=config.create_dirs, field_prefix=f"tiers[{i}]",
-                                                node_uid=node_uid, pins=self.pins))
+            self._open_tiers(config, node_uid)
         except OSError as exc:  # a dead or unreadable file system under a tier: say which, not a traceback
             for t in self.tiers:
                 t.close()
@@ -190,6 +187,9 @@ class Store:
                                      overflow_bytes=config.memory_bytes if config.read_overflow_bytes is None
                                      else config.read_overflow_bytes)
         self.health = [CircuitBreaker() for _ in self.tiers]
+        for t in self.tiers:
+            if t.down:
+                self.health[t.position].mark_down()
         # Smallest window a tier may shrink to: one chunk of the configured size (the read loop always keeps
         # one read in flight regardless).
         self.read_windows = make_read_windows(config.read_windows, [t.cfg.read_inflight_bytes for t in self.tiers],
@@ -212,10 +212,36 @@ class Store:
         # Copies the writer had to skip are owed (journal in the first tier's folder) and paid in the background.
         # When the first tier fails, its debts move to a journal on the second (named by the node's unique id).
         fallback_name = f"{node_uid or config.node_id}.log"
-        fallback = self.tiers[1].root / "owed" / fallback_name if len(self.tiers) > 1 else None
-        self.owed = OwedReplicas(self.tiers[0].root / "owed", config.node_id, names, fallback=fallback)
+        fallback = self.tiers[1].root / "owed" / fallback_name if len(self.tiers) > 1 and not self.tiers[1].down \
+            else None
+        self.owed = OwedReplicas(None if self.tiers[0].down else self.tiers[0].root / "owed", config.node_id, names,
+                                 fallback=fallback)
         self._writer = Writer(self)
         self._catch_up = CatchUp(self, self.owed)
+
+    def _open_tiers(self, config: StoreConfig, node_uid: str | None) -> None:
+        """Open each tier. A tier whose file system is failing (full, out of inodes, read-only, dead:
+        ``TierUnavailable``) is opened *down* (never read, written or probed; logged as an error, ``down`` in
+        stats, ``kvstream_tier_down``) so that it does not take the healthy tiers down with it; so is one that
+        fails its mount check, with ``skip_unmounted_tiers`` (else that is a ConfigError naming it). If no tier
+        opens, the first tier's error is raised."""
+        failures: list[TierUnavailable] = []
+        for i, tcfg in enumerate(config.tiers):
+            kw: dict[str, Any] = dict(index=i, engine=self.engine, node_id=config.node_id, create=config.create_dirs,
+                                      field_prefix=f"tiers[{i}]", node_uid=node_uid, pins=self.pins)
+            try:
+                self.tiers.append(DirectoryTier(tcfg, **kw))
+                continue
+            except TierUnavailable as exc:
+                if exc.unmounted and not config.skip_unmounted_tiers:
+                    raise
+                failures.append(exc)
+                reason = str(exc)
+            log.error("tier %s is DOWN: %s. The store runs without it (no reads, no writes, no copies owed to it) "
+                      "until it is reopened once the cause is fixed", tcfg.name, reason)
+            self.tiers.append(DirectoryTier(tcfg, down=reason, **kw))
+        if failures and all(t.down for t in self.tiers):
+            raise failures[0]
 
     # -- lifecycle ------------------------------------------------------------------------------------------
     def __enter__(self) -> "Store":

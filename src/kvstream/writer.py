@@ -187,6 +187,9 @@ class Writer:
                 tier = self.store.tiers[t]
                 if tier.contains(entry.key):
                     continue
+                if tier.down:  # could not be opened: skipped, not owed (a journal line per put, for ever)
+                    tier.counters.write_skipped_unhealthy += 1
+                    continue
                 if not self.store._usable(t, now):
                     tier.counters.write_skipped_unhealthy += 1
                     self.store.owed.owe(tier.name, entry.key)

@@ -53,6 +53,10 @@ KEYS: dict[str, str] = {
     "close_timeout_s": "how long close() waits for pending writes",
     "shared_tiers": "NAME,NAME: tiers every node writes to (one folder for all nodes, e.g. on Lustre or CephFS); "
                     "each node then owns and evicts only its own chunks there",
+    "skip_unmounted_tiers": "a tier whose folder is not on its mounted file system (the shared tiers; see "
+                            "require_mount) is opened down, logged as an error and shown by "
+                            "lmcache:kvstream_tier_down, while kvstream serves from its other tiers (default true); "
+                            "false: kvstream does not start",
     "node_id": "this node's label on shared tiers (default: the host name); nodes are told apart by a persistent "
                "random id, so a label two nodes share does no harm",
     "node_state_path": "file keeping this node's persistent id (default: node-id in the first node-local tier's "
@@ -99,7 +103,8 @@ STORE_KEYS: dict[str, str] = {
     "TierConfig.capacity_bytes": "capacity_bytes",
     "TierConfig.shared": "shared_tiers",
     **{f"StoreConfig.{k}": k for k in ("memory_bytes", "router", "replication", "io_engine", "create_dirs",
-                                       "verify_reads", "hedge_after_s", "node_id", "node_state_path")},
+                                       "verify_reads", "hedge_after_s", "node_id", "node_state_path",
+                                       "skip_unmounted_tiers")},
 }
 
 # store fields a kvstream.<field> key may override, and how to read a string form of them
@@ -113,6 +118,7 @@ _STORE_OVERRIDES = {
     "hedge_after_s": "float?",
     "node_id": "str",
     "node_state_path": "str",
+    "skip_unmounted_tiers": "bool",
 }
 
 
@@ -318,6 +324,9 @@ def parse_extra_config(extra: Mapping[str, Any] | None, *, default_pending_bytes
                                                     "each tier's capacity_bytes)")
     if "shared_tiers" in opts:
         _mark_shared(data, opts["shared_tiers"])
+    # Under LMCache a shared file system that is not mounted yet must not stop kvstream's local tier, nor LMCache
+    # (which serves without a plugin that fails to start): the tier is opened down, loudly.
+    data.setdefault("skip_unmounted_tiers", True)
     for name, kind in _STORE_OVERRIDES.items():
         if name not in opts:
             continue

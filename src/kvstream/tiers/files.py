@@ -36,11 +36,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from kvstream.config import TierConfig
-from kvstream.errors import ConfigError, TierError
+from kvstream.errors import CONFIG_ERRNOS, GONE, WRITE_RETRY, ConfigError, TierError, TierUnavailable
 from kvstream.eviction import EvictionPolicy, eviction_options, make_eviction_policy
 from kvstream.io.buffers import ALIGN, AlignedBuffer
 from kvstream.io.engine import IOEngine, Ring
 from kvstream.tiers.index import OP_DEL, OP_PUT, TierIndex
+from kvstream.tiers.mounts import mount_problem
 from kvstream.tiers.pins import Pins
 from kvstream.tiers.private import mkdir_private
 from kvstream.tiers.rebuild import valid_unlisted
@@ -54,7 +55,8 @@ MARKER = "KVSTREAM_TIER"
 _MARKER_TEXT = "kvstream tier, chunk format 1\n"
 _TMP_MAX_AGE_S = 3600.0  # temporaries of older versions (no lease in their name) older than this are leftovers
 TMP_RE = re.compile(r"^[0-9a-f]+\.([0-9a-f]{16})-([0-9a-f]{8})\.[0-9a-f]+\.tmp$")  # key.uid-token.rand.tmp
-_GONE = (errno.ENOENT, errno.ESTALE)  # the name (or the file under a handle) is not there: a miss, not a fault
+_GONE = GONE  # the name (or the file under a handle) is not there: a miss, not a fault (errors.py, errno rules)
+_LINK_TRIES = 4
 
 
 @dataclass
@@ -106,30 +108,32 @@ class DirectoryTier:
     """One tier folder: layout, index, capacity, atomic publish, and its read and write rings."""
 
     def __init__(self, cfg: TierConfig, *, index: int, engine: IOEngine, node_id: str, create: bool,
-                 field_prefix: str, node_uid: str | None = None, pins: Pins | None = None) -> None:
+                 field_prefix: str, node_uid: str | None = None, pins: Pins | None = None, down: str = "") -> None:
+        """Open (or create) the tier folder. Raises :class:`ConfigError` naming ``<field_prefix>.path`` if the
+        configuration is wrong, and its subclass :class:`TierUnavailable` if the tier's file system is failing
+        or absent (full, read-only, dead, not mounted): the store may then open without it. ``down`` (the
+        reason): build the tier as down instead, touching nothing on disk (see ``Store``)."""
         self.cfg = cfg
         self.name = cfg.name
         self.position = index  # index in the store's tier list (0 = primary)
         self.root = Path(cfg.path)
         self._field = field_prefix
-        self._check_folder(create)
-        for sub in ("chunks", "tmp", "index", "quarantine"):
-            (self.root / sub).mkdir(mode=0o700, exist_ok=True)
-        marker = self.root / MARKER
-        if not marker.exists():
-            _write_private(marker, _MARKER_TEXT.encode())
-        else:
-            self._check_marker(marker)
         self.node_id = node_id
-        self.direct = self._probe_direct()
+        self.down = down  # why the tier could not be opened ("" while up): never read, written or probed
+        self.counters = TierCounters()
+        self.relisted_chunks = 0
+        self.removed_temporaries = 0
+        if down:
+            self.direct = False
+            self.index = TierIndex(self.root / "index", node_id=node_id, node_uid=node_uid, writable=False, load=False)
+        else:
+            self._open_files(create, node_uid)
         self._open_flags_read = os.O_RDONLY | (os.O_DIRECT if self.direct else 0)
         self._open_flags_write = os.O_WRONLY | os.O_CREAT | os.O_EXCL | (os.O_DIRECT if self.direct else 0)
-        self.index = TierIndex(self.root / "index", node_id=node_id, node_uid=node_uid)
-        self.relisted_chunks = self._rebuild() if self.index.damaged else 0
-        self.removed_temporaries = self._clean_tmp()  # after the index: it judges writers by their leases
         try:
             self.policy: EvictionPolicy = make_eviction_policy(cfg.eviction, **eviction_options(cfg.eviction, cfg.capacity_bytes))
         except KeyError as exc:
+            self.index.close()
             raise ConfigError(f"{field_prefix}.eviction", str(exc).strip('"')) from None
         self._lock = threading.Lock()
         self._dropping: set[bytes] = set()  # keys whose delete record is being logged (see drop)
@@ -142,19 +146,58 @@ class DirectoryTier:
         self._held: set[bytes] = set()
         self._used = 0
         self._live_uids: set[str] | None = None  # nodes with a live lease at the last look (shared tiers)
-        self._resync()
+        if not down:
+            self._resync()
         self._reserved = 0
         self._made_dirs: set[str] = set()
         self._link_ok = True
-        self.counters = TierCounters()
-        self.down = ""  # why the tier could not be opened ("" while up): see DirectoryTier.opened_down
         self.read_ring: Ring = engine.ring(f"{cfg.name}-r", depth=cfg.read_depth, max_bytes=cfg.read_inflight_bytes)
         self.write_ring: Ring = engine.ring(f"{cfg.name}-w", depth=cfg.write_depth, max_bytes=cfg.write_inflight_bytes)
         self._last_refresh = time.monotonic()
 
+    def _open_files(self, create: bool, node_uid: str | None) -> None:
+        """Everything opening does on disk: the folder (checked, or created), its layout and marker, the O_DIRECT
+        probe, the index (and a rebuild from the files if it is damaged), leftover temporaries. Any ``OSError``
+        becomes a ConfigError (a configuration to fix) or a TierUnavailable (a failing file system)."""
+        try:
+            self._check_folder(create)
+            for sub in ("chunks", "tmp", "index", "quarantine"):
+                (self.root / sub).mkdir(mode=0o700, exist_ok=True)
+            marker = self.root / MARKER
+            if not marker.exists():
+                _write_private(marker, _MARKER_TEXT.encode())
+            else:
+                self._check_marker(marker)
+            self.direct = self._probe_direct()
+            self.index = TierIndex(self.root / "index", node_id=self.node_id, node_uid=node_uid)
+        except OSError as exc:
+            raise self._open_error(exc, f"{self.root}") from None
+        try:
+            self.relisted_chunks = self._rebuild() if self.index.damaged else 0
+            self.removed_temporaries = self._clean_tmp()  # after the index: it judges writers by their leases
+        except OSError as exc:
+            self.index.close()
+            raise self._open_error(exc, f"{self.root}") from None
+
+    def _open_error(self, exc: OSError, what: str) -> ConfigError:
+        """A ConfigError naming the tier's path for an ``OSError`` met while opening: a TierUnavailable unless
+        the errno says the configuration is wrong (permissions, not a folder: ``errors.CONFIG_ERRNOS``)."""
+        f = f"{self._field}.path"
+        msg = f"{what}: {exc.strerror or exc}"
+        if exc.errno in CONFIG_ERRNOS:
+            return ConfigError(f, msg)
+        return TierUnavailable(f, msg + " (the tier's file system is failing: full, read-only, dead or gone?)",
+                               err=exc.errno)
+
     # -- opening --------------------------------------------------------------------------------------------
     def _check_folder(self, create: bool) -> None:
+        """The folder exists (or is created) on the file system it must be on, and is writable. Raises
+        ConfigError / TierUnavailable (``unmounted``) naming ``<field>.path``; ``OSError`` from the probe."""
         f = f"{self._field}.path"
+        require = self.cfg.shared if self.cfg.require_mount is None else self.cfg.require_mount
+        why = mount_problem(self.root, require_mount=require, mount_point=self.cfg.mount_point)
+        if why is not None:  # checked before anything is created: never a folder under an unmounted mount point
+            raise TierUnavailable(f, why, unmounted=True)
         if not self.root.exists():
             if not create:
                 raise ConfigError(f, f"folder {self.root} does not exist (create it, or set create_dirs: true)")
@@ -162,7 +205,7 @@ class DirectoryTier:
                 # exist_ok: two nodes (or processes) opening a new shared tier at once both get here
                 mkdir_private(self.root)
             except OSError as exc:
-                raise ConfigError(f, f"cannot create {self.root}: {exc.strerror}") from None
+                raise self._open_error(exc, f"cannot create {self.root}") from None
         if not self.root.is_dir():
             raise ConfigError(f, f"{self.root} is not a folder")
         probe = self.root / f".probe-{os.getpid()}-{secrets.token_hex(4)}"
@@ -171,7 +214,7 @@ class DirectoryTier:
             os.close(fd)
             probe.unlink()
         except OSError as exc:
-            raise ConfigError(f, f"folder {self.root} is not writable: {exc.strerror}") from None
+            raise self._open_error(exc, f"folder {self.root} is not writable") from None
 
     def _check_marker(self, marker: Path) -> None:
         """Warn (once, at open) if the folder was made by another chunk format: its chunks will fail
@@ -295,7 +338,7 @@ class DirectoryTier:
     def maybe_refresh(self, min_interval_s: float = 1.0) -> None:
         """On a shared tier, pick up other nodes' puts and deletes (at most once per interval), and which nodes
         are alive (their chunks become evictable here when their lease expires)."""
-        if not self.cfg.shared:
+        if not self.cfg.shared or self.down:
             return
         now = time.monotonic()
         if now - self._last_refresh < min_interval_s:
@@ -576,7 +619,7 @@ class DirectoryTier:
             try:
                 return os.open(path, self._open_flags_write, 0o600), path
             except OSError as exc:
-                if exc.errno != errno.ESTALE or attempt:
+                if exc.errno not in WRITE_RETRY or attempt:
                     raise
                 self.counters.write_retried_stale += 1
         raise AssertionError("unreachable")
@@ -612,10 +655,12 @@ class DirectoryTier:
         is the file now there, False if the name was taken. The temporary is unlinked either way.
 
         A fan-out folder made a moment ago by another node can read as missing or stale on this client
-        (ENOENT/ESTALE from ``link``): the folders are made again and the link retried, once."""
+        (ENOENT/ESTALE from ``link``), and one emptied by an eviction is removed (:meth:`_prune_dirs`), possibly
+        between our ``mkdir`` and our ``link``: the folders are made again and the link retried (up to
+        ``_LINK_TRIES`` times: each retry needs another eviction emptying that very folder in that window)."""
         d = os.path.dirname(final)
         try:
-            for attempt in (0, 1):
+            for attempt in range(_LINK_TRIES):
                 try:
                     if attempt or d not in self._made_dirs:
                         mkdir_private(d)
@@ -633,7 +678,7 @@ class DirectoryTier:
                     os.rename(tmp_path, final)
                     return True
                 except OSError as exc:
-                    if exc.errno not in _GONE or attempt:
+                    if exc.errno not in _GONE or attempt == _LINK_TRIES - 1:
                         raise
                     self._made_dirs.discard(d)
             raise AssertionError("unreachable")
@@ -650,6 +695,22 @@ class DirectoryTier:
         except OSError as exc:
             if exc.errno not in _GONE:  # already gone (a peer deleted it, a stale handle): what we wanted
                 raise
+        self._prune_dirs(key)
+
+    def _prune_dirs(self, key: bytes) -> None:
+        """Remove the key's fan-out folders (``chunks/ab/cd``, then ``chunks/ab``) if its file was their last.
+
+        Why: folders were never removed, so a tier that had held many keys kept up to 65,536 empty folders: an
+        ext4 out of inodes refused every create, and the store would not open. ``rmdir`` only removes an empty
+        folder, so this never takes a file; a publish into the folder at that moment finds it gone (ENOENT from
+        ``link``) and makes it again (:meth:`_link` retries)."""
+        d2 = self.path_for(key).parent
+        self._made_dirs.discard(str(d2))
+        for d in (d2, d2.parent):
+            try:
+                os.rmdir(d)
+            except OSError:
+                return  # not empty (ENOTEMPTY, EEXIST), gone already, or a failing tier: leave it
 
     def drop(self, key: bytes, *, unlink: bool = True, log_delete: bool = True) -> None:
         """Remove a key from this tier (its file too, unless it is already gone). ``log_delete=False``: forget
@@ -698,6 +759,7 @@ class DirectoryTier:
         try:
             os.rename(src, dst)
             _write_private(self.root / "quarantine" / (dst.name + ".why"), (reason + "\n").encode())
+            self._prune_dirs(key)
         except OSError:
             self._delete_file(key)
         self.counters.corrupt_chunks += 1

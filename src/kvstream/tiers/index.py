@@ -302,7 +302,10 @@ class TierIndex:
     ever compacted or deleted by us."""
 
     def __init__(self, folder: Path, *, node_id: str, writable: bool = True, node_uid: str | None = None,
-                 lease_expiry_s: float = LEASE_EXPIRY_S, covered_grace_s: float = COVERED_LOG_GRACE_S) -> None:
+                 lease_expiry_s: float = LEASE_EXPIRY_S, covered_grace_s: float = COVERED_LOG_GRACE_S,
+                 load: bool = True) -> None:
+        """``writable``: hold a lease, compact, and append to a log of our own; else only read. ``load=False``
+        (with ``writable=False``): an empty index that never touched the folder (a tier that is down)."""
         self.folder = folder
         self.node_id = "".join(c if c.isalnum() or c in "-_." else "_" for c in node_id)[:40] or "node"
         # Used alone (tests, tools) without a persisted id, the label stands in for it, hashed to the id's form.
@@ -344,7 +347,7 @@ class TierIndex:
                 self.lease.close()
                 raise
             self._reserve()
-        else:
+        elif load:
             with self._lock:
                 self._load()
         self.load_seconds = time.perf_counter() - t0
