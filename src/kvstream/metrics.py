@@ -40,6 +40,10 @@ _TIER_SERIES = {
     "write_refused_pinned": ("tier_write_refused_pinned", "Copies refused: only evicting pinned chunks would make "
                              "room (retryable)", "counter"),
     "pinned_chunks": ("tier_pinned_chunks", "Chunks pinned on the tier (never evicted while pinned)", "gauge"),
+    "publish_conflicts": ("tier_publish_conflicts", "Links that won although another writer's file held the name "
+                          "(two links won: GlusterFS); resolved to one file", "counter"),
+    "orphans_listed": ("tier_orphans_listed", "Published chunks a killed writer never logged, listed at open from "
+                       "its temporary", "counter"),
     "index_damaged_records": ("tier_index_damaged_records", "Index log records skipped as damaged at open or refresh",
                               "counter"),
     "missing_files": ("tier_missing_files", "Indexed chunks whose file was gone", "counter"),

@@ -36,7 +36,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from kvstream.errors import CorruptChunkError, StoreClosedError, TierError
+from kvstream.errors import GONE, SHORTAGE, CorruptChunkError, StoreClosedError, TierError
 from kvstream.eviction import AccessMeta
 from kvstream.format import HEADER_BYTES, ChunkHeader, decode_header, verify_payload
 from kvstream.io.buffers import AlignedBuffer, CallerBuffer
@@ -52,10 +52,7 @@ if TYPE_CHECKING:
 __all__ = ["Reader", "ReadOutcome"]
 
 log = logging.getLogger("kvstream.store")
-_ENOENT = 2
-_ESTALE = 116
-_GONE = (_ENOENT, _ESTALE)  # no file, or a handle to one a peer deleted: a miss on a shared tier, not a fault
-_ENFILE, _EMFILE = 23, 24
+_GONE = GONE  # no file, or a handle to one a peer deleted: a miss on a shared tier, not a fault (errno rules)
 _OPEN_THREADS = 4  # per tier: opens of one tier wait behind each other, never behind another tier's
 _MAX_OPENED_AHEAD = 256  # files a step may hold open ahead of its claims, all tiers together
 
@@ -400,7 +397,7 @@ class Reader:
     def _open_done(self, call: _Call, tag: _Tag, got: tuple[int, int] | None, err: TierError | None) -> None:
         now = time.monotonic()
         if err is not None:
-            if err.errno not in (_EMFILE, _ENFILE):  # out of descriptors is this process's shortage
+            if err.errno not in SHORTAGE:  # out of descriptors (or memory) is this process's shortage
                 self.store.health[tag.tier].on_failure(now)
             log.warning("%s", err)
         with call.mu:

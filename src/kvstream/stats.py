@@ -81,6 +81,8 @@ class TierStats:
     pinned_chunks: int = 0  # gauge: chunks pinned on the tier (never eviction victims while pinned)
     index_damaged_records: int = 0  # index log records that failed their checksum mid-log (skipped, resynced)
     down: str = ""  # why the tier could not be opened ("" while up): the store runs without it
+    publish_conflicts: int = 0  # links that won although another writer's file held the name (resolved)
+    orphans_listed: int = 0  # published files a killed writer never logged, listed (and owned) at open
 
     def as_dict(self) -> dict[str, Any]:
         return _plain(self)

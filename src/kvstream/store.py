@@ -814,6 +814,7 @@ class Store:
                 read_retried=c.read_retried, read_transient=c.read_transient,
                 write_refused_pinned=c.write_refused_pinned, pinned_chunks=t.pinned_count(),
                 index_damaged_records=t.index.damaged_records, down=t.down,
+                publish_conflicts=c.publish_conflicts, orphans_listed=c.orphans_listed,
             )
         counts = dict(self._c)  # a copy: other threads keep counting
 

@@ -30,7 +30,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from kvstream.errors import StoreClosedError
+from kvstream.errors import NO_SPACE, SHORTAGE, WRITE_RETRY, StoreClosedError
 from kvstream.io.buffers import AlignedBuffer
 from kvstream.io.engine import IOOp, OpKind
 from kvstream.replication import WriteIntent
@@ -43,9 +43,6 @@ if TYPE_CHECKING:
 __all__ = ["Writer"]
 
 log = logging.getLogger("kvstream.store")
-_ENOSPC, _EDQUOT = 28, 122
-_ESTALE = 116
-_ENFILE, _EMFILE = 23, 24  # this process (or the system) is out of file descriptors: not the tier's fault
 _LATENCIES_KEPT = 4096  # recent write latencies kept per tier (as many as the tiers keep of reads)
 
 WriteListener = Callable[[str, float], None]  # (tier name, seconds from hand-over to publish)
@@ -328,12 +325,13 @@ class Writer:
                 tier.unreserve(fsize)
                 # Disk fuller than our share says (other users): evict this tier's own chunks and retry once,
                 # asynchronously (the entry stays dirty until the retry is done); else skip the copy, counted.
-                if -err in (_ENOSPC, _EDQUOT) and attempt == 0 and not self.store._closed and tier.make_room(fsize):
+                if -err in NO_SPACE and attempt == 0 and not self.store._closed and tier.make_room(fsize):
                     tier.counters.write_retried_nospace += 1
                     self._submit_write(tier, entry, attempt=1, submitted=submitted)  # a 2nd failure is counted there
-                elif -err == _ESTALE and attempt == 0 and not self.store._closed:
-                    # A shared tier's handle went stale (a peer's delete, a folder re-created): a new temporary
-                    # usually works; retried once, counted; a second ESTALE is a failure counted there.
+                elif -err in WRITE_RETRY and attempt == 0 and not self.store._closed:
+                    # A shared tier's handle went stale (a peer's delete, a folder re-created) or GlusterFS said
+                    # ENODATA (a file's metadata not settled): a new temporary usually works; retried once,
+                    # counted; a second failure is counted there (errors.WRITE_RETRY).
                     tier.counters.write_retried_stale += 1
                     self._submit_write(tier, entry, attempt=1, submitted=submitted)
                 else:
@@ -352,14 +350,14 @@ class Writer:
                 log.exception("tier %s: write listener failed", tier.name)
 
     def _write_failed(self, tier: DirectoryTier, key: bytes, err: int) -> None:
-        if -err in (_ENOSPC, _EDQUOT):
+        if -err in NO_SPACE:
             tier.counters.write_skipped_full += 1
             # The file system is fuller than our capacity says (other users): shrink our share a little.
             tier.reserve(0)
         else:
             tier.counters.write_errors += 1
             self.store.owed.owe(tier.name, key)  # written later from memory or another holder, if either has it
-            if -err not in (_EMFILE, _ENFILE):
+            if -err not in SHORTAGE:  # this process (or the system) is short: not the tier's fault
                 self.store.health[tier.position].on_failure(time.monotonic())
         log.warning("tier %s: write failed (%s); copy skipped", tier.name, os.strerror(-err) if err < 0 else err)
 

@@ -46,6 +46,7 @@ import errno
 import json
 import os
 import re
+import shutil
 import stat
 import sys
 import time
@@ -321,6 +322,12 @@ def _repair(root: Path, rep: TierReport, live: dict[bytes, int], ctx: _Context) 
                 if key in live:
                     idx.record(OP_DEL, key)
                 done.append(f"quarantined {f.file} ({f.detail})")
+            elif f.kind == "duplicate" and key is not None:
+                line = _resolve_duplicate(root, f.file, key, ctx)
+                if line.startswith("skipped: "):
+                    skipped.append(Finding("warning", "skipped", f.file, f"duplicate not resolved: {line[9:]}"))
+                elif line:
+                    done.append(line)
             elif f.kind == "index" and f.file.startswith("index/"):
                 line = _repair_index_file(root, f.file, ctx)
                 if line.startswith("skipped: "):
@@ -364,6 +371,41 @@ def _repair(root: Path, rep: TierReport, live: dict[bytes, int], ctx: _Context) 
     finally:
         idx.close()
     return done, skipped
+
+
+def _resolve_duplicate(root: Path, rel: str, key: bytes, ctx: _Context) -> str:
+    """Two directory entries under one chunk name (two links both won, GlusterFS): leave exactly one. The file the
+    name resolves to is copied aside if it is a valid chunk of the key, every entry under the name is removed
+    (each unlink removes the one the name resolves to), and the copy is linked back (the same key's valid bytes:
+    the index's listings stay right). Only with no live node on the tier: a live node may be reading it."""
+    if ctx.live_uids:
+        return "skipped: nodes hold live leases on this tier (they may be reading it; run again once they closed)"
+    path = root / rel
+    try:
+        _size, _ino, why = check_chunk_file(path, key)
+    except OSError as exc:
+        return f"skipped: {rel}: {exc.strerror}"
+    copy = root / "quarantine" / f".{path.name}.{int(time.time())}.dup.tmp"
+    if why is None:
+        shutil.copyfile(path, copy)
+        os.chmod(copy, 0o600)
+    removed = 0
+    for _ in range(8):
+        try:
+            os.unlink(path)
+            removed += 1
+        except FileNotFoundError:
+            break
+    kept = ""
+    if why is None:
+        try:
+            os.link(copy, path)
+            kept = ", one valid copy kept"
+        except FileExistsError:
+            kept = ", a writer published it again meanwhile"
+        finally:
+            copy.unlink(missing_ok=True)
+    return f"resolved the duplicate {rel}: {removed} entries removed{kept}"
 
 
 def _repair_index_file(root: Path, rel: str, ctx: _Context) -> str:

@@ -83,6 +83,8 @@ class TierCounters:
     already_present: int = 0  # publishes that found the key published first
     write_retried_stale: int = 0  # writes retried once after ESTALE (a peer's delete or a re-created folder)
     write_refused_pinned: int = 0  # copies refused: only evicting pinned chunks would have made room
+    publish_conflicts: int = 0  # links that won although another writer's file held the name (GlusterFS)
+    orphans_listed: int = 0  # published files a killed writer never logged, listed from its temporary at open
     evicted_chunks: int = 0
     evicted_bytes: int = 0
     latencies: list[float] = field(default_factory=list, repr=False)  # recent per-chunk read latencies (s)
@@ -307,12 +309,30 @@ class DirectoryTier:
             else:
                 stale = age > _TMP_MAX_AGE_S
             if stale:
+                if m:
+                    self._list_orphan(entry.name.split(".", 1)[0], entry.path)
                 try:
                     os.unlink(entry.path)
                     removed += 1
                 except OSError:
                     pass
         return removed
+
+    def _list_orphan(self, key_hex: str, tmp_path: str) -> None:
+        """A dead writer's temporary that is also the chunk file under the key's name (the same inode: its link
+        won, and the writer was killed before the put was logged, see :meth:`publish`): list the chunk as this
+        node's, so that it counts against this node's quota and can be evicted, instead of sitting on disk
+        outside every quota until ``kvstream verify --repair``."""
+        try:
+            key = bytes.fromhex(key_hex)
+            tmp_st = os.stat(tmp_path)
+            st = os.stat(self.path_for(key))
+        except (OSError, ValueError):
+            return
+        if (st.st_ino, st.st_dev) != (tmp_st.st_ino, tmp_st.st_dev) or key in self.index:
+            return
+        self.index.record(OP_PUT, key, st.st_size)
+        self.counters.orphans_listed += 1
 
     # -- naming ---------------------------------------------------------------------------------------------
     @staticmethod
@@ -631,62 +651,109 @@ class DirectoryTier:
         On a shared tier only the winner logs the put (and owns the chunk: its quota, its eviction); a loser
         learns of the chunk from the winner's log on its next refresh, unless nothing lists the key at all
         (a file whose put was never logged, or whose listing was dropped on a spurious ENOENT): then the loser
-        lists it, so no valid file stays invisible. No name is trusted alone: a reader
-        checks the header's key and checksum, so a second file under one name (GlusterFS lets two links
-        win, rarely) can cost a miss, never wrong bytes; ``kvstream verify`` reports it."""
-        won = self._link(tmp_path, self.path_for(key))  # raises: the caller unreserves (Writer._finish_write)
-        if not won:
-            self.counters.already_present += 1
-        if won:
-            # Always a new put (a new gen), even if this node already lists the key: that listing may be one a
-            # peer has deleted (it adopted and evicted our chunk, or removed it) whose delete we have not read
-            # yet; reading it later would unlist the file just published (found by the two-node soak: 134
-            # acknowledged chunks whose files were there, listed by nobody).
-            self.index.record(OP_PUT, key, file_size)
-        elif key not in self.index:
-            self.index.record(OP_PUT, key, file_size)  # an unlisted file: listed (and owned) by us from now
+        lists it, so no valid file stays invisible. No name is trusted alone: a reader checks the header's key
+        and checksum. GlusterFS lets two links of one name both succeed now and then (two directory entries);
+        a winner checks that the name is its file and resolves a double win at once (:meth:`_settle`).
+
+        The temporary is unlinked only after the put is logged: a writer killed between the link and the log
+        leaves its temporary, a second link to the published file, by which its node (or, once its lease has
+        expired, any node) lists the orphan at its next open (:meth:`_clean_tmp`)."""
+        final = self.path_for(key)
+        try:
+            won = self._link(tmp_path, final)  # raises: the caller unreserves (Writer._finish_write)
+            if won and self._link_ok:
+                won = self._settle(tmp_path, final)
+            if not won:
+                self.counters.already_present += 1
+            if won:
+                # Always a new put (a new gen), even if this node already lists the key: that listing may be one
+                # a peer has deleted (it adopted and evicted our chunk, or removed it) whose delete we have not
+                # read yet; reading it later would unlist the file just published (found by the two-node soak:
+                # 134 acknowledged chunks whose files were there, listed by nobody).
+                self.index.record(OP_PUT, key, file_size)
+            elif key not in self.index:
+                self.index.record(OP_PUT, key, file_size)  # an unlisted file: listed (and owned) by us from now
+        finally:
+            try:
+                os.unlink(tmp_path)
+            except OSError:
+                pass
         self._sync(key)
         with self._lock:  # only now: until the chunk counts as used, its reservation holds its place
             self._reserved -= file_size
         return won
 
+    def _settle(self, tmp_path: str, final: Path) -> bool:
+        """After a successful ``link``: True if the name now resolves to our file (the temporary's inode).
+
+        GlusterFS (a distribute volume) lets two clients' links of one name both succeed (4 of 8 runs of the
+        two-node race test; ``verify``: two directory entries under one name): each writer then believes it
+        won and logs a put, and the name resolves to one of the two files. The writer that finds the name
+        resolving to another file resolves it at once, the same way every time: it removes the entry the name
+        resolves to (the other writer's: the same key, a valid chunk just like ours) until the name resolves
+        to ours, or is free, when ours is linked again. One entry is left, ours, and we log our put; the other
+        writer's put lists the same key, so it stays listed whichever node evicts it. Bounded: after
+        ``_LINK_TRIES`` rounds the name is left as it is (``kvstream verify --repair`` resolves leftovers)."""
+        try:
+            mine = os.stat(tmp_path)
+        except OSError:
+            return True  # cannot tell (our temporary is gone): as before, the link decides
+        for _ in range(_LINK_TRIES):
+            try:
+                st = os.stat(final)
+            except OSError as exc:
+                if exc.errno not in _GONE:
+                    return True
+                try:  # the name is free (a remove raced, or we removed the other entry): ours goes there
+                    os.link(tmp_path, final)
+                except FileExistsError:
+                    pass
+                except OSError:
+                    return False
+                continue
+            if (st.st_ino, st.st_dev) == (mine.st_ino, mine.st_dev):
+                return True
+            self.counters.publish_conflicts += 1
+            log.warning("tier %s: %s: another writer's file under the name our link just won (two links won); "
+                        "removing it so that one remains", self.name, final.name)
+            try:
+                os.unlink(final)
+            except OSError as exc:
+                if exc.errno not in _GONE:
+                    return False
+        return False
+
     def _link(self, tmp_path: str, final: Path) -> bool:
         """``link()`` the temporary to its final name (``rename`` where there are no hard links); True if ours
-        is the file now there, False if the name was taken. The temporary is unlinked either way.
+        is the file now there, False if the name was taken. The temporary is left for the caller to unlink.
 
         A fan-out folder made a moment ago by another node can read as missing or stale on this client
         (ENOENT/ESTALE from ``link``), and one emptied by an eviction is removed (:meth:`_prune_dirs`), possibly
         between our ``mkdir`` and our ``link``: the folders are made again and the link retried (up to
         ``_LINK_TRIES`` times: each retry needs another eviction emptying that very folder in that window)."""
         d = os.path.dirname(final)
-        try:
-            for attempt in range(_LINK_TRIES):
-                try:
-                    if attempt or d not in self._made_dirs:
-                        mkdir_private(d)
-                        self._made_dirs.add(d)
-                    if self._link_ok:
-                        try:
-                            os.link(tmp_path, final)
-                            return True
-                        except FileExistsError:
-                            return False
-                        except OSError as exc:
-                            if exc.errno not in (errno.EPERM, errno.EOPNOTSUPP, errno.ENOSYS, errno.EMLINK):
-                                raise
-                            self._link_ok = False  # no hard links here: rename (replaces identical bytes)
-                    os.rename(tmp_path, final)
-                    return True
-                except OSError as exc:
-                    if exc.errno not in _GONE or attempt == _LINK_TRIES - 1:
-                        raise
-                    self._made_dirs.discard(d)
-            raise AssertionError("unreachable")
-        finally:
+        for attempt in range(_LINK_TRIES):
             try:
-                os.unlink(tmp_path)
-            except OSError:
-                pass
+                if attempt or d not in self._made_dirs:
+                    mkdir_private(d)
+                    self._made_dirs.add(d)
+                if self._link_ok:
+                    try:
+                        os.link(tmp_path, final)
+                        return True
+                    except FileExistsError:
+                        return False
+                    except OSError as exc:
+                        if exc.errno not in (errno.EPERM, errno.EOPNOTSUPP, errno.ENOSYS, errno.EMLINK):
+                            raise
+                        self._link_ok = False  # no hard links here: rename (replaces identical bytes)
+                os.rename(tmp_path, final)
+                return True
+            except OSError as exc:
+                if exc.errno not in _GONE or attempt == _LINK_TRIES - 1:
+                    raise
+                self._made_dirs.discard(d)
+        raise AssertionError("unreachable")
 
     # -- removal --------------------------------------------------------------------------------------------
     def _delete_file(self, key: bytes) -> None:
