@@ -28,7 +28,6 @@ import pytest
 import kvstream
 from kvstream.errors import ConfigError, TierUnavailable
 from kvstream.format import file_size
-from kvstream.tiers.files import DirectoryTier
 from kvstream.tiers.mounts import mount_point_of
 
 SIZE = 8 * 1024

@@ -519,13 +519,11 @@ class Reader:
         t0 = time.perf_counter()
         try:
             got = self._verify(call, tag, where)
-            if isinstance(got, CorruptChunkError):
-                got = self._recheck(call, tag, where, got)
-                if got is None:
-                    return False
+            header = self._recheck(call, tag, where, got) if isinstance(got, CorruptChunkError) else got
+            if header is None:
+                return False
         finally:
             store._c["verify_seconds"] += time.perf_counter() - t0
-        header = got
         c = tier.counters
         c.read_bytes += tag.result
         c.read_chunks += 1
