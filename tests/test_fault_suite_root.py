@@ -222,7 +222,7 @@ def test_a_tier_on_an_ext4_with_few_inodes_prunes_its_folders_and_once_full_is_d
                 peak = max(peak, _inodes_used(fs.mountpoint))
             local = s.stats().tiers["local"]
             assert local.write_errors == 0 and local.write_skipped_full == 0 and local.evicted_chunks == 112
-            assert peak < 48, f"{peak} inodes used: emptied fan-out folders are not removed"
+            assert peak <= 56, f"{peak} inodes used: emptied fan-out folders are not removed"  # 46 seen; 64 without
         with kvstream.open_store(cfg) as s:  # reopens with every tier up
             assert s.stats().tiers["local"].down == ""
         # now fill every inode left with someone else's files

@@ -1,6 +1,6 @@
 """The engine: a host-memory tier over replicated directory tiers, read meet-in-the-middle, written deferred.
 
-Public API (stable): :func:`open_store`, and on :class:`Store`: ``put``, ``flush``, ``contains``, ``lookup``,
+Public API (stable): :func:`open_store`, and on :class:`Store`: ``put``, ``flush``, ``contains``, ``lookup``, ``pin``, ``unpin``,
 ``locate_prefix`` and ``read_bandwidth`` (where a held prefix is, what each tier reads at), ``get_many``,
 ``read_iter``, ``read_chunks``, ``stats`` (a :class:`kvstream.stats.StoreStats`), ``observe_writes``,
 ``drain``, ``close`` (and ``with``).
