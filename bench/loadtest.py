@@ -166,7 +166,8 @@ def main(argv: list[str] | None = None) -> int:
     for w in workers:
         w.start()
     print(f"{'t_s':>6} {'rss_MiB':>8} {'fds':>5} {'threads':>7} {'mem_MiB':>8} {'disk_hits':>9} {'misses':>7} "
-          f"{'corrupt':>7} {'read_err':>8} {'write_err':>9} {'nospace':>7} {'hedged':>6} {'faults':>7}", flush=True)
+          f"{'corrupt':>7} {'reread':>6} {'read_err':>8} {'write_err':>9} {'nospace':>7} {'hedged':>6} {'faults':>7}",
+          flush=True)
     try:
         while True:
             now = time.monotonic() - t_start
@@ -174,13 +175,14 @@ def main(argv: list[str] | None = None) -> int:
             s = {"t": now, "rss": rss_bytes(), "fds": open_fds(), "threads": threading.active_count(),
                  "mem": st["memory"]["used_bytes"], "disk_hits": st["disk_hits"], "misses": st["misses"],
                  "corrupt": sum(t["corrupt_chunks"] for t in st["tiers"].values()),
+                 "reread": sum(t["read_transient"] for t in st["tiers"].values()),  # failed, read back intact
                  "read_errors": sum(t["read_errors"] for t in st["tiers"].values()),
                  "write_errors": sum(t["write_errors"] for t in st["tiers"].values()),
                  "nospace": sum(t["write_skipped_full"] + t["write_retried_nospace"] for t in st["tiers"].values()),
                  "hedged": st["hedged_reads"], "faults": plan.injected()}
             samples.append(s)
             print(f"{now:6.0f} {s['rss'] / 2**20:8.1f} {s['fds']:5d} {s['threads']:7d} {s['mem'] / 2**20:8.1f} "
-                  f"{s['disk_hits']:9d} {s['misses']:7d} {s['corrupt']:7d} {s['read_errors']:8d} "
+                  f"{s['disk_hits']:9d} {s['misses']:7d} {s['corrupt']:7d} {s['reread']:6d} {s['read_errors']:8d} "
                   f"{s['write_errors']:9d} {s['nospace']:7d} {s['hedged']:6d} {s['faults']:7d}", flush=True)
             if now >= args.seconds:
                 break

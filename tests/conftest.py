@@ -83,14 +83,20 @@ def dfs_testbed():
     if why:
         pytest.skip(why)
     fd = testbed.lock(timeout_s=240)  # another session's testbed: wait, but inside pytest-timeout's 300 s
+    owner = testbed.new_owner("pytest")  # only this session's testbed is ever taken down by it
     try:
+        try:
+            testbed.claim(owner)
+        except testbed.BedInUse as exc:
+            pytest.skip(f"cannot bring the DFS testbed up: {exc}")
         timings = testbed.network_up(_disk_tmp_root())
         try:
             yield timings
         finally:
-            timings["netns_teardown_s"] = testbed.network_down()
+            timings["netns_teardown_s"] = testbed.network_down(owner)
             _report_dfs_timings("network", timings)
     finally:
+        testbed.release(owner)
         testbed.unlock(fd)
 
 

@@ -236,9 +236,11 @@ def test_eio_on_both_tiers_is_a_miss_only_where_every_replica_failed(disk_tmp):
 
 
 @pytest.mark.parametrize("kind", ["flip", "short"])
-def test_damaged_read_on_one_tier_is_quarantined_and_the_other_replica_returned(disk_tmp, kind):
+def test_a_damaged_read_is_read_again_and_the_intact_file_kept(disk_tmp, kind):
     # single:local: every chunk is read from local first, so every injected fault is seen by a verification
-    # (with meet in the middle, a fault on a stolen read that lands after the other copy is dropped unread)
+    # (with meet in the middle, a fault on a stolen read that lands after the other copy is dropped unread).
+    # A bit flipped on the way or a short read is not a damaged file (issue 21, item 9): the file is read again
+    # and served from there; nothing is quarantined.
     cfg = config(disk_tmp, router="single:local")
     keys = make_keys(16)
     populate(cfg, keys)
@@ -249,12 +251,14 @@ def test_damaged_read_on_one_tier_is_quarantined_and_the_other_replica_returned(
         st = s.stats()
     assert all(o is not None for o in out) and wrong_bytes(keys, out) == 0
     n = plan.injected(kind)
-    assert n >= 1 and st.tiers["local"].corrupt_chunks == n
-    assert len(list((disk_tmp / "local" / "quarantine").glob("*.kvc"))) == n
-    assert st.tiers["local"].chunks == 16 - n
+    local = st.tiers["local"]
+    assert n >= 1 and local.read_retried == local.read_transient == n and local.corrupt_chunks == 0
+    assert st.tiers["shared"].read_chunks == 0  # every chunk from its re-read on local
+    assert not list((disk_tmp / "local" / "quarantine").glob("*.kvc"))
+    assert local.chunks == 16
 
 
-def test_damaged_reads_on_every_replica_are_misses_never_data(disk_tmp):
+def test_damaged_reads_on_every_replica_are_re_read_never_returned_as_data(disk_tmp):
     cfg = config(disk_tmp)
     keys = make_keys(8)
     populate(cfg, keys)
@@ -262,9 +266,26 @@ def test_damaged_reads_on_every_replica_are_misses_never_data(disk_tmp):
     with s:
         out = s.get_many(keys)
         st = s.stats()
+    assert all(o is not None for o in out) and wrong_bytes(keys, out) == 0  # the re-reads verified
+    assert plan.injected("flip") >= 8
+    assert sum(t.corrupt_chunks for t in st.tiers.values()) == 0
+
+
+def test_files_damaged_on_every_replica_are_misses_never_data(disk_tmp):
+    cfg = config(disk_tmp)
+    keys = make_keys(8)
+    populate(cfg, keys)
+    for tier in ("local", "shared"):
+        for k in keys:
+            p = disk_tmp / tier / relpath(k)
+            raw = bytearray(p.read_bytes())
+            raw[HEADER_BYTES + 7] ^= 0x01
+            p.write_bytes(bytes(raw))
+    with kvstream.open_store(cfg) as s:
+        out = s.get_many(keys)
+        st = s.stats()
     assert out == [None] * 8 and st.lost_chunks == 8
-    assert plan.injected("flip") == 16 and st.tiers["local"].corrupt_chunks == 8
-    assert st.tiers["shared"].corrupt_chunks == 8
+    assert st.tiers["local"].corrupt_chunks == 8 and st.tiers["shared"].corrupt_chunks == 8
 
 
 def test_open_failing_with_an_io_error_reads_the_other_replica_and_keeps_the_key(disk_tmp):
@@ -509,6 +530,9 @@ def test_kill_9_during_writes_leaves_no_partial_chunk_and_loses_nothing_acknowle
         rep = verify_tier(disk_tmp / tier)
         assert not rep.errors, rep.errors  # every visible chunk is whole; the index matches the files
         assert rep.valid_chunks == rep.chunk_files >= len(acked)
+        # a kill between a publish and its index record leaves its temporary (a second link of the file): the
+        # next open lists the chunk from it, so no orphan sits outside every quota (issue 21, item 11)
+        assert not [f for f in rep.warnings if f.kind == "orphan"], [f.file for f in rep.warnings]
 
 
 # ── two processes (two nodes) on one shared tier ──────────────────────────────────────────────────────────
@@ -542,7 +566,8 @@ def test_two_nodes_writing_and_reading_the_same_keys_never_see_a_torn_chunk(disk
     procs = []
     for node in ("a", "b"):
         cfg = config(disk_tmp, node_id=f"node-{node}", router="single:shared", tiers=[
-            {"name": "shared", "path": str(disk_tmp / "shared"), "capacity_bytes": "1GiB", "shared": True}])
+            {"name": "shared", "path": str(disk_tmp / "shared"), "capacity_bytes": "1GiB", "shared": True,
+             "require_mount": False}])
         procs.append(ctx.Process(target=_node, args=(cfg, keys, 2.5, ord(node), q)))
     for p in procs:
         p.start()

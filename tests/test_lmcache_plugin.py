@@ -498,6 +498,84 @@ def test_put_returns_at_once_holds_references_and_close_waits(disk_tmp):
             _release(got)
 
 
+def test_a_chunk_pinned_by_an_lmcache_lookup_is_never_evicted_and_puts_that_need_it_are_refused(disk_tmp):
+    """Issue 21, item 4: LMCache's contract (pin_count, can_evict) reaches kvstream's disk eviction. The tier
+    holds 3 chunks; a lookup with pin=True pins the first two; more puts evict only the unpinned one, and once
+    every chunk on the tier is pinned a put is refused (counted, retryable) instead of evicting one."""
+    extra = {"kvstream.tiers": f"local={disk_tmp / 'local'}", "kvstream.capacity_bytes": "2MiB",
+             "kvstream.memory_bytes": "16MiB"}
+    with manager(extra) as sm:
+        plugin = _plugin(sm)
+        store = plugin.store
+        infos, refs = _chunks(sm, 8 * CHUNK, seed=4)
+        keys = [k for _, _, k in infos]
+        sk = plugin._keys.many(keys)
+
+        def stored(i: int) -> None:
+            _put(sm, [infos[i]], [refs[i]])
+            _wait_stored(sm, [keys[i]])
+            store.flush()
+            assert store.drain(10)
+
+        for i in range(3):
+            stored(i)
+        assert sm.batched_contains(keys[:2], pin=True)[0] == 2  # vLLM's lookup: pins what it reports
+        stored(3)  # evicts chunk 2, the only unpinned one
+        on_disk = lambda i: store.tiers[0].contains(sk[i])  # noqa: E731
+        assert on_disk(0) and on_disk(1) and not on_disk(2) and on_disk(3)
+        assert plugin.pin(keys[3])  # now all three on the tier are pinned
+        refused = _metric("lmcache:kvstream_num_refused_pinned_total", tier="local")
+        stored(4)
+        assert [on_disk(i) for i in range(5)] == [True, True, False, True, False]
+        plugin._tick()  # publish the store's counters
+        assert _metric("lmcache:kvstream_num_refused_pinned_total", tier="local") == refused + 1
+        store.evict_memory()
+        got = _get(sm, keys[:2])
+        try:
+            assert all(o is not None and torch.equal(o.tensor, r) for o, r in zip(got, refs[:2]))
+        finally:
+            _release(got)
+        sm.batched_unpin(keys[:2])
+        assert plugin.unpin(keys[3])
+        stored(5)  # unpinned again: the least recently used goes
+        assert sum(on_disk(i) for i in (0, 1, 3)) == 2 and on_disk(5)
+
+
+def test_a_shared_tier_whose_file_system_is_not_mounted_is_down_and_kvstream_serves_from_local(disk_tmp, caplog):
+    """Issue 21, item 5: LMCache's create_dirs default used to create the shared tier on the root disk under its
+    empty mount point. Now the tier is opened down (logged as an error, lmcache:kvstream_tier_down), nothing is
+    created there, and kvstream serves from its local tier (LMCache keeps kvstream)."""
+    from kvstream.tiers.mounts import mount_point_of
+
+    if mount_point_of(disk_tmp) != Path("/"):
+        pytest.skip(f"{disk_tmp} is not on the root file system here: no unmounted mount point to stage")
+    mnt = disk_tmp / "mnt"
+    mnt.mkdir()
+    extra = {"kvstream.tiers": f"local={disk_tmp / 'local'},shared={mnt / 'kvstream'}",
+             "kvstream.capacity_bytes": "256MiB", "kvstream.memory_bytes": "16MiB", "kvstream.shared_tiers": "shared",
+             "kvstream.node_state_path": str(disk_tmp / "node-id")}
+    with manager(extra) as sm:
+        plugin = _plugin(sm)
+        infos, refs = _chunks(sm, 2 * CHUNK, seed=9)
+        keys = [k for _, _, k in infos]
+        _put(sm, infos, refs)
+        _wait_stored(sm, keys)
+        plugin.store.flush()
+        assert plugin.store.drain(10)
+        plugin.store.evict_memory()
+        got = sm.batched_get(keys, location=PLUGIN)
+        try:
+            assert all(o is not None and torch.equal(o.tensor, r) for o, r in zip(got, refs))
+        finally:
+            _release(got)
+        plugin._tick()
+        assert _metric("lmcache:kvstream_tier_down", tier="shared") == 1
+        assert _metric("lmcache:kvstream_tier_down", tier="local") == 0
+    assert list(mnt.iterdir()) == []
+    assert any("tier shared is DOWN" in r.getMessage() and "root file system" in r.getMessage()
+               for r in caplog.records)
+
+
 def test_remove_pin_unpin(disk_tmp):
     with manager(_tiers(disk_tmp)) as sm:
         plugin = _plugin(sm)

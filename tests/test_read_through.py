@@ -14,7 +14,8 @@ from kvstream.replication import CopyOrder, FullReplication, ReadObservation
 
 def node(root: Path, name: str) -> dict:
     return {"tiers": [{"name": "local", "path": str(root / f"local-{name}"), "capacity_bytes": "64MiB"},
-                      {"name": "shared", "path": str(root / "shared"), "capacity_bytes": "64MiB", "shared": True}],
+                      {"name": "shared", "path": str(root / "shared"), "capacity_bytes": "64MiB", "shared": True,
+                       "require_mount": False}],
             "memory_bytes": "16MiB", "create_dirs": True, "io_engine": "threads", "node_id": name,
             "node_state_path": str(root / f"state-{name}" / "node-id")}
 

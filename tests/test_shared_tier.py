@@ -29,7 +29,8 @@ CHUNK = 60 * 1024  # payload bytes: 64 KiB on disk with its 4 KiB header
 def node_cfg(root: Path, name: str, *, label: str | None = None, capacity: str | int = "256MiB", **kw) -> dict:
     """One node's store: a single shared tier at ``root/shared``, this node's own state file."""
     cfg = {
-        "tiers": [{"name": "shared", "path": str(root / "shared"), "capacity_bytes": capacity, "shared": True}],
+        "tiers": [{"name": "shared", "path": str(root / "shared"), "capacity_bytes": capacity, "shared": True,
+                   "require_mount": False}],  # a folder on the root disk stands in for a mount
         "memory_bytes": "16MiB", "create_dirs": True, "io_engine": "threads", "router": "single:shared",
         "node_id": label or name, "node_state_path": str(root / f"state-{name}" / "node-id"),
     }

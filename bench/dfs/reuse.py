@@ -237,7 +237,9 @@ def main() -> int:
                 results.append(bench_fs(fs, mounts, args, cost))
         else:
             fd = testbed.lock(timeout_s=600)
+            owner = testbed.new_owner("bench")
             try:
+                testbed.claim(owner)  # BedInUse: someone else's testbed is up (use --use-running)
                 testbed.network_up(tmp)
                 try:
                     for fs in args.fs.split(","):
@@ -247,8 +249,9 @@ def main() -> int:
                         finally:
                             cluster.stop()
                 finally:
-                    testbed.network_down()
+                    testbed.network_down(owner)
             finally:
+                testbed.release(owner)
                 testbed.unlock(fd)
     finally:
         if lock_fd is not None:

@@ -30,8 +30,8 @@ def main() -> int:
         return 2
     tmp = Path(args.tmp)
     # Under the testbed lock, held only while this command runs: a test session in progress holds it for its
-    # whole run, so neither can pull the other's testbed away. (A testbed left up by this command is removed
-    # as a leftover by the next test session.)
+    # whole run, so neither can pull the other's testbed away. A testbed left up by this command is owned by
+    # hand ("manual" in the owner record): test sessions and benchmarks leave it alone; `down` removes it.
     fd = testbed.lock(timeout_s=5)
     try:
         return _do(args.what, tmp)
@@ -40,13 +40,16 @@ def main() -> int:
 
 
 def _do(what: str, tmp: Path) -> int:
-    if what == "down":
+    if what == "down":  # by hand: whoever owns it (a crashed run, or a bed brought up by hand)
         for line in netns.clean_leftovers(tmp):
             print(line)
+        testbed.OWNER_PATH.unlink(missing_ok=True)
         return 0
     if netns.existing():
-        print("a testbed is up already: run `python bench/dfs/up.py down` first", file=sys.stderr)
+        print(f"{testbed.describe(testbed.read_owner())} is up already: run `python bench/dfs/up.py down` first",
+              file=sys.stderr)
         return 1
+    testbed.claim(testbed.new_owner("manual"))
     timings = testbed.network_up(tmp)
     cluster = testbed.fs_up(what, tmp)
     print(json.dumps({"fs": cluster.name, "state": str(cluster.work),

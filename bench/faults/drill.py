@@ -397,7 +397,8 @@ def two_nodes(r: Round, t: Tally) -> None:
     procs = []
     for node in "ab":
         cfg = {**r.cfg, "node_id": f"node-{node}", "router": "single:shared",
-               "tiers": [{"name": "shared", "path": str(r.dir / "shared"), "capacity_bytes": "4GiB", "shared": True}]}
+               "tiers": [{"name": "shared", "path": str(r.dir / "shared"), "capacity_bytes": "4GiB", "shared": True,
+                          "require_mount": False}]}
         procs.append(ctx.Process(target=_node, args=(cfg, r.keys, r.size, 2.0, r.seed * 2 + ord(node), q)))
     for p in procs:
         p.start()

@@ -109,7 +109,7 @@ class LoopFS:
     """One small ext4 on a loop device (optionally under a dm-linear device), mounted at ``mountpoint``."""
 
     def __init__(self, tag: str, size_bytes: int, *, dm: bool = False, quota: bool = False,
-                 fstype: str = "ext4") -> None:
+                 fstype: str = "ext4", inodes: int | None = None) -> None:
         self.name = f"kvs-fault-{tag}-{os.getpid()}"
         self.fstype = fstype  # "ext4" or "xfs" (XFS for its shutdown ioctl: EIO on everything, like a dead disk)
         self.size_bytes = size_bytes
@@ -125,6 +125,7 @@ class LoopFS:
         self._shrunk = False
         self._binds: list[Path] = []  # read-only bind mounts made by freeze_readonly()
         self.frozen = False  # fsfreeze -f: every write blocks until unfreeze()
+        self.inodes = inodes  # ext4: this few inodes (mkfs -N; the kernel rounds it up per block group)
 
     # set-up and tear-down
     def setup(self) -> "LoopFS":
@@ -142,7 +143,9 @@ class LoopFS:
         if self.fstype == "xfs":
             _run("mkfs.xfs", "-q", "-f", str(self.device))
         else:
-            _run("mkfs.ext4", "-q", "-F", "-m", "0", "-b", "4096", "-O", features, "-E", extended, str(self.device))
+            few = ("-N", str(self.inodes)) if self.inodes else ()
+            _run("mkfs.ext4", "-q", "-F", "-m", "0", "-b", "4096", *few, "-O", features, "-E", extended,
+                 str(self.device))
         self.mountpoint.mkdir(mode=0o700)
         self.mount()
         return self
@@ -292,9 +295,9 @@ class LoopFS:
 
 @contextlib.contextmanager
 def loop_fs(tag: str, size_bytes: int, *, dm: bool = False, quota: bool = False,
-            fstype: str = "ext4") -> Iterator[LoopFS]:
+            fstype: str = "ext4", inodes: int | None = None) -> Iterator[LoopFS]:
     """A :class:`LoopFS`, set up and always torn down. Raises RuntimeError if tear-down left something behind."""
-    fs = LoopFS(tag, size_bytes, dm=dm, quota=quota, fstype=fstype)
+    fs = LoopFS(tag, size_bytes, dm=dm, quota=quota, fstype=fstype, inodes=inodes)
     try:
         fs.setup()
         yield fs

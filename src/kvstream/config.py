@@ -118,6 +118,10 @@ class TierConfig:
     direct_io: str = "auto"  # "on" (fail if the FS refuses O_DIRECT), "off", or "auto" (on where possible)
     fsync: bool = False  # fsync each chunk before publishing it (checksums already stop torn data being used)
     shared: bool = False  # other nodes write here too: refresh the index from their logs
+    # The folder must be on a mounted file system, not the root one (null: true for shared tiers), checked at
+    # open before anything is created (kvstream.tiers.mounts); mount_point: on the one mounted exactly there.
+    require_mount: bool | None = None
+    mount_point: str | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -144,6 +148,9 @@ class StoreConfig:
     # close() waits this long for writes still in flight; past it, a stalled tier is closed in the background
     # and close() reports it (None: wait for ever).
     close_timeout_s: float | None = 60.0
+    # A tier that fails its mount check (require_mount / mount_point) is a ConfigError (false) or opened down,
+    # loudly, while the other tiers serve (true; the LMCache plugin's default).
+    skip_unmounted_tiers: bool = False
 
     # -- construction ---------------------------------------------------------------------------------------
     @classmethod
@@ -287,6 +294,12 @@ FIELD_DOCS: dict[str, str] = {
     "TierConfig.fsync": "fsync each chunk before publishing it (checksums already stop torn data being used)",
     "TierConfig.shared": "every node writes this one folder: each counts and evicts only its own chunks "
                          "(capacity is a per-node quota) and follows the others' index logs (docs/shared-tier.md)",
+    "TierConfig.require_mount": "the folder must be on a mounted file system, not the root one (`/`); checked at "
+                                "open before anything is created, so a store started before its shared file "
+                                "system is mounted never writes under the empty mount point. Default (null): true "
+                                "for `shared` tiers, false otherwise",
+    "TierConfig.mount_point": "the folder must be on the file system mounted exactly at this path (stricter than "
+                              "`require_mount`; the path must be a mount point and hold the folder)",
     "StoreConfig.tiers": "the directory tiers, fastest (node-local) first; each takes the per-tier keys below",
     "StoreConfig.memory_bytes": "the store's host-memory tier: clean cached chunks plus buffered writes "
                                 "(at least 1 MiB)",
@@ -312,6 +325,11 @@ FIELD_DOCS: dict[str, str] = {
     "StoreConfig.node_state_path": "file keeping this node's persistent random id for shared tiers (null: "
                                    "`node-id` in the first node-local tier's folder, else "
                                    "`~/.local/state/kvstream/node-id-<host name>`); never on a shared file system",
+    "StoreConfig.skip_unmounted_tiers": "a tier failing its mount check (`require_mount`, `mount_point`) is "
+                                        "opened down (never read or written; logged, `kvstream_tier_down`) while "
+                                        "the other tiers serve, instead of refusing to open (under LMCache the "
+                                        "default is true). Tiers whose file system fails at open (full, read-only, "
+                                        "dead) are always opened down when another tier opens",
     "StoreConfig.close_timeout_s": "how long close() waits for writes in flight; a stalled tier past it is closed "
                                    "in the background and named in close()'s report (null: wait for ever)",
 }
@@ -351,6 +369,8 @@ def reference_markdown() -> str:
         if not key:
             return "via `kvstream.config_file`"
         plugin = PLUGIN_KEYS[key]
+        if plugin.plugin_default is not None:
+            return f"`{PREFIX}{key}` (default {str(plugin.plugin_default).lower()} under LMCache)"
         if plugin.tiers_default is None:
             return f"`{PREFIX}{key}`"
         return f"`{PREFIX}{key}` (default {str(plugin.tiers_default).lower()} with `{PREFIX}tiers`)"
@@ -401,6 +421,8 @@ _SIZE_FIELDS = {"capacity_bytes", "memory_bytes", "read_overflow_bytes", "chunk_
 def _coerce(cls: type, key: str, value: Any, field_name: str) -> Any:
     """Convert a raw config value to the dataclass field's type, or raise naming the field."""
     ftype = {f.name: f.type for f in dataclasses.fields(cls)}[key]
+    if value is None and "None" in str(ftype):
+        return None
     if key in _SIZE_FIELDS:
         if value is None and "None" in str(ftype):
             return None
@@ -413,7 +435,7 @@ def _coerce(cls: type, key: str, value: Any, field_name: str) -> Any:
         if value > 32768:  # ring depths: the kernel caps io_uring entries at 32768
             raise ConfigError(field_name, f"must be at most 32768, got {value}")
         return value
-    if ftype in ("bool", bool):
+    if ftype in ("bool", bool, "bool | None"):
         if not isinstance(value, bool):
             raise ConfigError(field_name, f"expected true or false, got {value!r}")
         return value
@@ -460,6 +482,17 @@ def _tier_from_dict(raw: Any, prefix: str, base_dir: Path | None) -> TierConfig:
     kw["path"] = os.path.normpath(path)
     if kw["capacity_bytes"] <= 0:
         raise ConfigError(f"{prefix}.capacity_bytes", "must be positive")
+    mp = kw.get("mount_point")
+    if mp is not None:
+        if not mp or "\0" in mp:
+            raise ConfigError(f"{prefix}.mount_point", f"must be a folder path, got {mp!r}")
+        if not os.path.isabs(mp):
+            if base_dir is None:
+                raise ConfigError(f"{prefix}.mount_point", f"must be an absolute path, got {mp!r}")
+            mp = str((base_dir / mp).resolve())
+        mp = kw["mount_point"] = os.path.normpath(mp)
+        if not (Path(kw["path"]) == Path(mp) or Path(mp) in Path(kw["path"]).parents):
+            raise ConfigError(f"{prefix}.mount_point", f"{mp} does not hold the tier's path {kw['path']}")
     if kw.get("direct_io", "auto") not in ("auto", "on", "off"):
         raise ConfigError(f"{prefix}.direct_io", f"expected auto, on or off, got {kw['direct_io']!r}")
     return TierConfig(**kw)

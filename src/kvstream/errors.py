@@ -14,7 +14,15 @@ Expected shortages ("no free buffer", "tier full") are return values, not except
 
 from __future__ import annotations
 
+import errno as _errno
+
 __all__ = [
+    "GONE",
+    "NO_SPACE",
+    "WRITE_RETRY",
+    "SHORTAGE",
+    "CONFIG_ERRNOS",
+    "TierUnavailable",
     "KVStreamError",
     "ConfigError",
     "UsageError",
@@ -24,6 +32,28 @@ __all__ = [
     "CorruptChunkError",
     "InputFormatError",
 ]
+
+# ── errno rules: what an OSError from a tier's file system means, in one place ──────────────────────────────
+# Every errno not named here is a fault of the tier: counted, a circuit-breaker failure, the copy owed (writes)
+# or the other replica read (reads). FUSE file systems (GlusterFS, ceph-fuse) return more than local ones do.
+
+#: The name, or the file under a handle, is not there: a peer deleted it, or a network file system's client has
+#: not caught up. A read that meets it is a miss (never a tier failure). ENODATA: GlusterFS's FUSE client answers
+#: it for a file whose metadata (its gfid xattr) is gone or not there yet, as when a peer deletes or re-creates it.
+GONE = frozenset({_errno.ENOENT, _errno.ESTALE, _errno.ENODATA})
+#: Out of room (blocks or inodes; quota): make room by eviction and retry the write once.
+NO_SPACE = frozenset({_errno.ENOSPC, _errno.EDQUOT})
+#: A write that met a stale or half-made name on a shared tier (a peer's delete, a folder re-created, GlusterFS's
+#: ENODATA while a file's metadata settles): a new temporary usually works; retried once, counted
+#: (``write_retried_stale``); a second failure is a write error.
+WRITE_RETRY = frozenset({_errno.ESTALE, _errno.ENODATA})
+#: This process is short of something (descriptors, memory): a miss or a skipped copy, no tier blamed.
+SHORTAGE = frozenset({_errno.EMFILE, _errno.ENFILE, _errno.ENOMEM})
+#: At open, errors that mean the configuration is wrong (refused with a ConfigError naming the field); any other
+#: errno while opening a tier means the tier is failing (full, read-only, dead, disconnected): the store opens
+#: without it (``TierUnavailable``), and the healthy tiers serve.
+CONFIG_ERRNOS = frozenset({_errno.EACCES, _errno.EPERM, _errno.ENOTDIR, _errno.ELOOP, _errno.ENAMETOOLONG,
+                           _errno.EINVAL, _errno.EEXIST})
 
 
 class KVStreamError(Exception):
@@ -60,6 +90,18 @@ class TierError(KVStreamError, OSError):
         self.tier = tier
         self.op = op
         super().__init__(err or 0, f"tier '{tier}': {op} failed: {message}")
+
+
+class TierUnavailable(ConfigError):
+    """A tier could not be opened because its file system is failing or absent, not because the configuration is
+    wrong: full (ENOSPC, EDQUOT, out of inodes), read-only, dead (EIO), disconnected, or (``unmounted``) the
+    folder is not on the file system it must be on. The store opens without it (marked down) when another tier
+    opens; ``unmounted`` ones only with ``skip_unmounted_tiers``. ``errno`` as for any ``OSError`` cause."""
+
+    def __init__(self, field: str, message: str, *, err: int | None = None, unmounted: bool = False) -> None:
+        super().__init__(field, message)
+        self.errno = err
+        self.unmounted = unmounted
 
 
 class CorruptChunkError(KVStreamError):

@@ -2,7 +2,8 @@
 
 States: ``closed`` (healthy, used), ``open`` (failing, not used until ``retry_at``), ``half-open`` (cool-down
 over: the tier is used again, and its next result decides: a success closes the breaker, a failure reopens it
-with twice the cool-down, up to ``max_cooldown_s``). ``threshold`` consecutive failures open a closed breaker.
+with twice the cool-down, up to ``max_cooldown_s``), ``down`` (the tier could not be opened: never used, never
+probed, for the life of the store; final). ``threshold`` consecutive failures open a closed breaker.
 Time is passed in; nothing here sleeps or reads a clock.
 
 What is a failure: an error (:meth:`on_failure`: EIO, EROFS, a failed open), or a *stall* (:meth:`on_stall`: a
@@ -40,11 +41,16 @@ class CircuitBreaker:
     stalls_ignored: int = 0  # stalls not counted as failures (the tier delivered something meanwhile, or short)
     _current_cooldown: float = 0.0
 
+    def mark_down(self) -> None:
+        """The tier could not be opened: out of routing and writes for good (no half-open probe: its folder,
+        index and lease were never set up)."""
+        self.state = "down"
+
     def usable(self, now: float) -> bool:
         """True if the tier may be used now (moves open -> half-open once the cool-down is over)."""
         if self.state == "open" and now >= self.retry_at:
             self.state = "half-open"
-        return self.state != "open"
+        return self.state not in ("open", "down")
 
     def on_success(self, now: float | None = None) -> bool:
         """An operation succeeded (at ``now``, when given: it is what :meth:`on_stall` compares with). Returns
@@ -53,6 +59,8 @@ class CircuitBreaker:
         if now is not None and now > self.last_success:
             self.last_success = now
         self.failures = 0
+        if self.state == "down":
+            return False
         if self.state != "closed":
             self.state = "closed"
             self._current_cooldown = 0.0
@@ -60,6 +68,8 @@ class CircuitBreaker:
         return False
 
     def on_failure(self, now: float) -> None:
+        if self.state == "down":
+            return
         self.failures += 1
         if self.state == "half-open" or (self.state == "closed" and self.failures >= self.threshold):
             self._current_cooldown = min(self.max_cooldown_s,

@@ -33,7 +33,19 @@ _TIER_SERIES = {
     "read_busy_s": ("tier_read_busy_seconds", "Seconds the tier had reads in flight", "counter"),
     "duplicate_chunks": ("tier_duplicate_chunks", "Chunks read from the tier after another tier had delivered them", "counter"),
     "read_errors": ("tier_read_errors", "Reads that failed with an I/O error", "counter"),
-    "corrupt_chunks": ("tier_corrupt_chunks", "Chunks that failed verification and were quarantined", "counter"),
+    "corrupt_chunks": ("tier_corrupt_chunks", "Chunks that failed verification twice (read and re-read) and were "
+                       "quarantined", "counter"),
+    "read_retried": ("tier_read_retried", "Reads that failed verification and were read again", "counter"),
+    "read_transient": ("tier_read_transient", "Reads that failed verification and read back intact (kept)", "counter"),
+    "write_refused_pinned": ("tier_write_refused_pinned", "Copies refused: only evicting pinned chunks would make "
+                             "room (retryable)", "counter"),
+    "pinned_chunks": ("tier_pinned_chunks", "Chunks pinned on the tier (never evicted while pinned)", "gauge"),
+    "publish_conflicts": ("tier_publish_conflicts", "Links that won although another writer's file held the name "
+                          "(two links won: GlusterFS); resolved to one file", "counter"),
+    "orphans_listed": ("tier_orphans_listed", "Published chunks a killed writer never logged, listed at open from "
+                       "its temporary", "counter"),
+    "index_damaged_records": ("tier_index_damaged_records", "Index log records skipped as damaged at open or refresh",
+                              "counter"),
     "missing_files": ("tier_missing_files", "Indexed chunks whose file was gone", "counter"),
     "write_bytes": ("tier_write_bytes", "Bytes written to the tier", "counter"),
     "write_busy_s": ("tier_write_busy_seconds", "Seconds the tier had copies handed to its writer and not finished",
@@ -151,6 +163,11 @@ class StoreCollector:
         for tier, t in st.tiers.items():
             circuit.add_metric(lv + [tier], 1.0 if t.circuit == "open" else 0.0)
         yield circuit
+        down = GaugeMetricFamily(_PREFIX + "tier_down", "1 while the tier could not be opened (the store runs "
+                                 "without it; see the log for why)", labels=lk + ["tier"])
+        for tier, t in st.tiers.items():
+            down.add_metric(lv + [tier], 1.0 if t.down else 0.0)
+        yield down
 
 
 def register(store: _HasStats, *, registry: CollectorRegistry = REGISTRY, labels: dict[str, str] | None = None

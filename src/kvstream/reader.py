@@ -36,7 +36,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from kvstream.errors import CorruptChunkError, StoreClosedError, TierError
+from kvstream.errors import GONE, SHORTAGE, CorruptChunkError, StoreClosedError, TierError
 from kvstream.eviction import AccessMeta
 from kvstream.format import HEADER_BYTES, ChunkHeader, decode_header, verify_payload
 from kvstream.io.buffers import AlignedBuffer, CallerBuffer
@@ -44,6 +44,7 @@ from kvstream.io.engine import IOOp, OpKind
 from kvstream.read_step import (Busy, ChunkState, Compute, ComputePlan, Deliver, Lost, Open, ReadState, ReadStep,
                                 Release, Stalled, Submit)
 from kvstream.tiers.memory import MemEntry
+from kvstream.tiers.recheck import check_chunk_file, reread_into
 
 if TYPE_CHECKING:
     from kvstream.store import Store
@@ -51,10 +52,7 @@ if TYPE_CHECKING:
 __all__ = ["Reader", "ReadOutcome"]
 
 log = logging.getLogger("kvstream.store")
-_ENOENT = 2
-_ESTALE = 116
-_GONE = (_ENOENT, _ESTALE)  # no file, or a handle to one a peer deleted: a miss on a shared tier, not a fault
-_ENFILE, _EMFILE = 23, 24
+_GONE = GONE  # no file, or a handle to one a peer deleted: a miss on a shared tier, not a fault (errno rules)
 _OPEN_THREADS = 4  # per tier: opens of one tier wait behind each other, never behind another tier's
 _MAX_OPENED_AHEAD = 256  # files a step may hold open ahead of its claims, all tiers together
 
@@ -446,7 +444,7 @@ class Reader:
     def _open_done(self, call: _Call, tag: _Tag, got: tuple[int, int] | None, err: TierError | None) -> None:
         now = time.monotonic()
         if err is not None:
-            if err.errno not in (_EMFILE, _ENFILE):  # out of descriptors is this process's shortage
+            if err.errno not in SHORTAGE:  # out of descriptors (or memory) is this process's shortage
                 self.store.health[tag.tier].on_failure(now)
             log.warning("%s", err)
         with call.mu:
@@ -563,7 +561,9 @@ class Reader:
     # -- the consumer's work --------------------------------------------------------------------------------
     def _check(self, call: _Call, tag: _Tag) -> bool:
         """Verify a landed read (header, key, length, checksum; in the caller's target for a read in place); on
-        failure quarantine or count it. Closes the descriptor either way."""
+        failure re-read the file once into the same buffers and verify again, and quarantine only if that
+        fails too (:mod:`kvstream.tiers.recheck`: a bit flipped on the way or a short read is not a damaged
+        file). Closes the descriptor either way."""
         store = self.store
         tier = store.tiers[tag.tier]
         if tag.fd >= 0:
@@ -576,27 +576,10 @@ class Reader:
             return False
         t0 = time.perf_counter()
         try:
-            assert tag.buf is not None
-            view = tag.buf.view(0, min(tag.result, HEADER_BYTES) if tag.target is not None else tag.result)
-            try:
-                header = decode_header(view[:HEADER_BYTES], where=where, expect_key=tag.key)
-                if call.mode != "headers":
-                    if tag.result < header.file_size:
-                        raise CorruptChunkError(where, f"truncated file ({tag.result} of {header.file_size} B)")
-                    if store.config.verify_reads:
-                        if tag.target is not None:
-                            payload = tag.target.view(0, header.payload_len)
-                        else:
-                            payload = view[HEADER_BYTES: HEADER_BYTES + header.payload_len]
-                        try:
-                            verify_payload(header, payload, where=where)
-                        finally:
-                            payload.release()
-            finally:
-                view.release()
-        except CorruptChunkError as exc:
-            tier.quarantine(tag.key, exc.reason)
-            return False
+            got = self._verify(call, tag, where)
+            header = self._recheck(call, tag, where, got) if isinstance(got, CorruptChunkError) else got
+            if header is None:
+                return False
         finally:
             store._c["verify_seconds"] += time.perf_counter() - t0
         c = tier.counters
@@ -608,6 +591,81 @@ class Reader:
         store._remember_meta(header)
         tag.header = header
         return True
+
+    def _verify(self, call: _Call, tag: _Tag, where: str) -> ChunkHeader | CorruptChunkError:
+        """The header of the ``tag.result`` bytes that landed if they are the chunk asked for, whole (and its
+        payload's checksum matches, with ``verify_reads``), else the check that failed."""
+        assert tag.buf is not None
+        view = tag.buf.view(0, min(tag.result, HEADER_BYTES) if tag.target is not None else tag.result)
+        try:
+            header = decode_header(view[:HEADER_BYTES], where=where, expect_key=tag.key)
+            if call.mode != "headers":
+                if tag.result < header.file_size:
+                    raise CorruptChunkError(where, f"truncated file ({tag.result} of {header.file_size} B)")
+                if self.store.config.verify_reads:
+                    if tag.target is not None:
+                        payload = tag.target.view(0, header.payload_len)
+                    else:
+                        payload = view[HEADER_BYTES: HEADER_BYTES + header.payload_len]
+                    try:
+                        verify_payload(header, payload, where=where)
+                    finally:
+                        payload.release()
+            return header
+        except CorruptChunkError as exc:
+            return exc
+        finally:
+            view.release()
+
+    def _recheck(self, call: _Call, tag: _Tag, where: str, first: CorruptChunkError) -> ChunkHeader | None:
+        """A landed read failed verification: read the file again (a fresh descriptor, plain ``preadv``) into
+        the read's own buffers (it owns them until released: no other read writes there) and verify again.
+        The header on success; None if the chunk cannot be delivered from this tier now. The file is
+        quarantined only on a second failed verification of the same file; an I/O error or a vanished name on
+        the re-read is no verdict (counted as a read error, or a miss)."""
+        tier = self.store.tiers[tag.tier]
+        c = tier.counters
+        c.read_retried += 1
+        assert tag.buf is not None
+        if tag.target is not None:
+            views = [tag.buf.view(0, HEADER_BYTES), tag.target.view(0, tag.nbytes - HEADER_BYTES)]
+        else:
+            views = [tag.buf.view(0, tag.nbytes)]
+        try:
+            n, ino = reread_into(tier.path_for(tag.key), views)
+        finally:
+            for v in views:
+                v.release()
+        if n < 0:
+            if -n in _GONE:
+                tier.on_missing(tag.key)
+            else:
+                c.read_errors += 1
+                self.store.health[tag.tier].on_failure(time.monotonic())
+                log.warning("tier %s: %s failed verification (%s) and its re-read failed: %s; the file is kept",
+                            tier.name, where, first.reason, os.strerror(-n))
+            return None
+        tag.result = n
+        got = self._verify(call, tag, where)
+        if not isinstance(got, CorruptChunkError):
+            c.read_transient += 1
+            log.warning("tier %s: %s failed verification (%s), then read back intact: a fault on the way, the file "
+                        "is kept", tier.name, where, first.reason)
+            return got
+        if n >= tag.nbytes and call.mode != "headers":
+            # The buffers were full: the file may be larger than the read was sized (it changed since the open).
+            # Only a check of the whole file by its own header may condemn it.
+            try:
+                _size, ino, why = check_chunk_file(tier.path_for(tag.key), tag.key, limit=tier.cfg.capacity_bytes)
+            except OSError as exc:
+                why = None
+                if exc.errno in _GONE:
+                    tier.on_missing(tag.key)
+            if why is None:
+                return None  # whole and valid now (put again while we read): a miss here, nothing to quarantine
+            got = CorruptChunkError(where, why)
+        tier.quarantine(tag.key, got.reason, ino=ino)
+        return None
 
     def _read_failed(self, t: int, key: bytes, result: int, where: str) -> None:
         """A read (of a whole chunk or of its header) returned ``-errno``: a missing file (ENOENT, or ESTALE: a

@@ -70,11 +70,19 @@ class TierStats:
     read_latency_p99_s: float | None  # p99 of the same
     write_latency_p50_s: float | None  # median per-chunk write latency, submit to publish, recent writes
     write_latency_p99_s: float | None  # p99 of the same
-    circuit: str  # the circuit breaker's state: closed | open | half-open
+    circuit: str  # the circuit breaker's state: closed | open | half-open | down (could not be opened)
     circuit_opened: int  # times the circuit breaker opened
     index_load_s: float  # seconds the index took to load at open
     removed_temporaries: int  # leftover temporaries removed at open
     replicas_owed: int  # gauge: copies owed to the tier (kvstream.replica_debt), written once it can take them
+    read_retried: int = 0  # reads that failed verification and were read again before any verdict
+    read_transient: int = 0  # ... whose re-read verified: a fault on the way, the file kept (not quarantined)
+    write_refused_pinned: int = 0  # copies refused: only evicting pinned chunks would have made room (retryable)
+    pinned_chunks: int = 0  # gauge: chunks pinned on the tier (never eviction victims while pinned)
+    index_damaged_records: int = 0  # index log records that failed their checksum mid-log (skipped, resynced)
+    down: str = ""  # why the tier could not be opened ("" while up): the store runs without it
+    publish_conflicts: int = 0  # links that won although another writer's file held the name (resolved)
+    orphans_listed: int = 0  # published files a killed writer never logged, listed (and owned) at open
 
     def as_dict(self) -> dict[str, Any]:
         return _plain(self)

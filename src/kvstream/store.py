@@ -1,6 +1,6 @@
 """The engine: a host-memory tier over replicated directory tiers, read meet-in-the-middle, written deferred.
 
-Public API (stable): :func:`open_store`, and on :class:`Store`: ``put``, ``flush``, ``contains``, ``lookup``,
+Public API (stable): :func:`open_store`, and on :class:`Store`: ``put``, ``flush``, ``contains``, ``lookup``, ``pin``, ``unpin``,
 ``locate_prefix`` and ``read_bandwidth`` (where a held prefix is, what each tier reads at), ``get_many``,
 ``read_iter``, ``read_chunks``, ``stats`` (a :class:`kvstream.stats.StoreStats`), ``observe_writes``,
 ``drain``, ``close`` (and ``with``).
@@ -38,7 +38,7 @@ import numpy as np
 
 from kvstream.compute import checked_plan
 from kvstream.config import StoreConfig
-from kvstream.errors import ConfigError, StoreClosedError, UsageError
+from kvstream.errors import ConfigError, StoreClosedError, TierUnavailable, UsageError
 from kvstream.eviction import AccessMeta
 from kvstream.format import (
     HEADER_BYTES,
@@ -64,6 +64,7 @@ from kvstream.writer import Writer
 from kvstream.tiers.files import DirectoryTier
 from kvstream.tiers.lease import node_uid_for
 from kvstream.tiers.memory import HostMemoryTier, MemEntry
+from kvstream.tiers.pins import Pins
 
 __all__ = ["Store", "Chunk", "ChunkPlace", "CloseReport", "ComputeRequest", "RECOMPUTED", "ReadIntoResult",
            "open_store"]
@@ -166,12 +167,10 @@ class Store:
         # ``engine`` lets tests and fault drills wrap the real engine (kvstream.io.faults); normally from config.
         self.engine = engine if engine is not None else make_engine(config.io_engine)
         self.tiers: list[DirectoryTier] = []
+        self.pins = Pins()  # chunks kept out of every tier's eviction (LMCache's pin/unpin): kvstream.tiers.pins
         try:
             node_uid = node_uid_for(config)  # persistent, random: identity on shared tiers (docs/shared-tier.md)
-            for i, tcfg in enumerate(config.tiers):
-                self.tiers.append(DirectoryTier(tcfg, index=i, engine=self.engine, node_id=config.node_id,
-                                                create=config.create_dirs, field_prefix=f"tiers[{i}]",
-                                                node_uid=node_uid))
+            self._open_tiers(config, node_uid)
         except OSError as exc:  # a dead or unreadable file system under a tier: say which, not a traceback
             for t in self.tiers:
                 t.close()
@@ -192,6 +191,9 @@ class Store:
                                      overflow_bytes=config.memory_bytes if config.read_overflow_bytes is None
                                      else config.read_overflow_bytes)
         self.health = [CircuitBreaker() for _ in self.tiers]
+        for t in self.tiers:
+            if t.down:
+                self.health[t.position].mark_down()
         # Smallest window a tier may shrink to: one chunk of the configured size (the read loop always keeps
         # one read in flight regardless).
         self.read_windows = make_read_windows(config.read_windows, [t.cfg.read_inflight_bytes for t in self.tiers],
@@ -214,10 +216,36 @@ class Store:
         # Copies the writer had to skip are owed (journal in the first tier's folder) and paid in the background.
         # When the first tier fails, its debts move to a journal on the second (named by the node's unique id).
         fallback_name = f"{node_uid or config.node_id}.log"
-        fallback = self.tiers[1].root / "owed" / fallback_name if len(self.tiers) > 1 else None
-        self.owed = OwedReplicas(self.tiers[0].root / "owed", config.node_id, names, fallback=fallback)
+        fallback = self.tiers[1].root / "owed" / fallback_name if len(self.tiers) > 1 and not self.tiers[1].down \
+            else None
+        self.owed = OwedReplicas(None if self.tiers[0].down else self.tiers[0].root / "owed", config.node_id, names,
+                                 fallback=fallback)
         self._writer = Writer(self)
         self._catch_up = CatchUp(self, self.owed)
+
+    def _open_tiers(self, config: StoreConfig, node_uid: str | None) -> None:
+        """Open each tier. A tier whose file system is failing (full, out of inodes, read-only, dead:
+        ``TierUnavailable``) is opened *down* (never read, written or probed; logged as an error, ``down`` in
+        stats, ``kvstream_tier_down``) so that it does not take the healthy tiers down with it; so is one that
+        fails its mount check, with ``skip_unmounted_tiers`` (else that is a ConfigError naming it). If no tier
+        opens, the first tier's error is raised."""
+        failures: list[TierUnavailable] = []
+        for i, tcfg in enumerate(config.tiers):
+            kw: dict[str, Any] = dict(index=i, engine=self.engine, node_id=config.node_id, create=config.create_dirs,
+                                      field_prefix=f"tiers[{i}]", node_uid=node_uid, pins=self.pins)
+            try:
+                self.tiers.append(DirectoryTier(tcfg, **kw))
+                continue
+            except TierUnavailable as exc:
+                if exc.unmounted and not config.skip_unmounted_tiers:
+                    raise
+                failures.append(exc)
+                reason = str(exc)
+            log.error("tier %s is DOWN: %s. The store runs without it (no reads, no writes, no copies owed to it) "
+                      "until it is reopened once the cause is fixed", tcfg.name, reason)
+            self.tiers.append(DirectoryTier(tcfg, down=reason, **kw))
+        if failures and all(t.down for t in self.tiers):
+            raise failures[0]
 
     # -- lifecycle ------------------------------------------------------------------------------------------
     def __enter__(self) -> "Store":
@@ -739,6 +767,38 @@ class Store:
         if ordered:
             self.flush()  # a node that only reads (a peer's prefixes) may never put: hand the copies over now
 
+    # -- pins -----------------------------------------------------------------------------------------------
+    def pin(self, key: bytes) -> bool:
+        """Keep ``key`` out of every tier's eviction until as many :meth:`unpin` calls (LMCache's contract:
+        :mod:`kvstream.tiers.pins`). False, and nothing pinned, if the store does not hold the chunk. While
+        pinned chunks fill a tier, a copy that could only be written by evicting them is refused (counted in
+        ``write_refused_pinned``; the chunk stays in host memory, and a later put may try again)."""
+        self._check_open()
+        if not self.contains(key):
+            return False
+        self.pins.add(key)
+        if any([t.hold(key) for t in self.tiers]):  # every tier: each keeps its copy
+            return True
+        entry = self.memory.peek(key)
+        if entry is not None and entry.dirty:
+            return True  # its copies are being written: each tier holds it as it lands (pinned by then)
+        # No tier holds it safe: not on any (host memory only), or its eviction was decided before the pin.
+        if self.pins.remove(key) == 0:
+            for t in self.tiers:
+                t.release(key)
+        return False
+
+    def unpin(self, key: bytes) -> bool:
+        """Take one pin off ``key``; False if it had none. At zero the chunk may be evicted again."""
+        self._check_open()
+        n = self.pins.remove(key)
+        if n is None:
+            return False
+        if n == 0:
+            for t in self.tiers:
+                t.release(key)
+        return True
+
     # -- administration -------------------------------------------------------------------------------------
     def remove(self, key: bytes) -> bool:
         """Delete a chunk from memory and every tier. Returns True if it was anywhere.
@@ -746,6 +806,7 @@ class Store:
         A put not yet flushed is cancelled, and a write already in flight is unpublished when it lands
         (``MemEntry.removed``), so a removed key never reappears after :meth:`drain`."""
         self._check_open()
+        self.pins.clear(key)  # a remove is forced (LMCache's remove(force=True)): its pins go with it
         with self._lock:
             self.removals.record(key)
             entry = self.memory.peek(key)
@@ -823,6 +884,10 @@ class Store:
                 read_latency_p50_s=r50, read_latency_p99_s=r99, write_latency_p50_s=w50, write_latency_p99_s=w99,
                 circuit=breaker.state, circuit_opened=breaker.opened, index_load_s=t.index.load_seconds,
                 removed_temporaries=t.removed_temporaries, replicas_owed=owed.get(t.name, 0),
+                read_retried=c.read_retried, read_transient=c.read_transient,
+                write_refused_pinned=c.write_refused_pinned, pinned_chunks=t.pinned_count(),
+                index_damaged_records=t.index.damaged_records, down=t.down,
+                publish_conflicts=c.publish_conflicts, orphans_listed=c.orphans_listed,
             )
         counts = dict(self._c)  # a copy: other threads keep counting
         unstored = self._writer.unstored()

@@ -32,7 +32,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from kvstream.errors import StoreClosedError
+from kvstream.errors import NO_SPACE, SHORTAGE, WRITE_RETRY, StoreClosedError
 from kvstream.io.buffers import AlignedBuffer
 from kvstream.io.engine import IOOp, OpKind
 from kvstream.replication import WriteIntent
@@ -45,9 +45,6 @@ if TYPE_CHECKING:
 __all__ = ["Writer"]
 
 log = logging.getLogger("kvstream.store")
-_ENOSPC, _EDQUOT = 28, 122
-_ESTALE = 116
-_ENFILE, _EMFILE = 23, 24  # this process (or the system) is out of file descriptors: not the tier's fault
 _LATENCIES_KEPT = 4096  # recent write latencies kept per tier (as many as the tiers keep of reads)
 
 WriteListener = Callable[[str, float], None]  # (tier name, seconds from hand-over to publish)
@@ -259,6 +256,9 @@ class Writer:
                 tier = self.store.tiers[t]
                 if tier.contains(entry.key):
                     continue
+                if tier.down:  # could not be opened: skipped, not owed (a journal line per put, for ever)
+                    tier.counters.write_skipped_unhealthy += 1
+                    continue
                 if not self.store._usable(t, now):
                     tier.counters.write_skipped_unhealthy += 1
                     self.store.owed.owe(tier.name, entry.key)
@@ -422,12 +422,13 @@ class Writer:
                 tier.unreserve(fsize)
                 # Disk fuller than our share says (other users): evict this tier's own chunks and retry once,
                 # asynchronously (the entry stays dirty until the retry is done); else skip the copy, counted.
-                if -err in (_ENOSPC, _EDQUOT) and attempt == 0 and not self.store._closed and tier.make_room(fsize):
+                if -err in NO_SPACE and attempt == 0 and not self.store._closed and tier.make_room(fsize):
                     tier.counters.write_retried_nospace += 1
                     self._submit_write(tier, entry, attempt=1, submitted=submitted)  # a 2nd failure is counted there
-                elif -err == _ESTALE and attempt == 0 and not self.store._closed:
-                    # A shared tier's handle went stale (a peer's delete, a folder re-created): a new temporary
-                    # usually works; retried once, counted; a second ESTALE is a failure counted there.
+                elif -err in WRITE_RETRY and attempt == 0 and not self.store._closed:
+                    # A shared tier's handle went stale (a peer's delete, a folder re-created) or GlusterFS said
+                    # ENODATA (a file's metadata not settled): a new temporary usually works; retried once,
+                    # counted; a second failure is counted there (errors.WRITE_RETRY).
                     tier.counters.write_retried_stale += 1
                     self._submit_write(tier, entry, attempt=1, submitted=submitted)
                 else:
@@ -459,7 +460,7 @@ class Writer:
         return owed
 
     def _write_failed(self, tier: DirectoryTier, key: bytes, err: int) -> None:
-        if -err in (_ENOSPC, _EDQUOT):
+        if -err in NO_SPACE:
             tier.counters.write_skipped_full += 1
             # The file system is fuller than our capacity says (other users): shrink our share a little.
             tier.reserve(0)
@@ -467,7 +468,7 @@ class Writer:
         else:
             tier.counters.write_errors += 1
             owed = self._not_written(tier, key, owed=True)  # written later from memory or another holder
-            if -err not in (_EMFILE, _ENFILE):
+            if -err not in SHORTAGE:  # this process (or the system) is short: not the tier's fault
                 self.store.health[tier.position].on_failure(time.monotonic())
         log.warning("tier %s: write failed (%s); copy %s", tier.name, os.strerror(-err) if err < 0 else err,
                     "owed (written later)" if owed else "skipped")

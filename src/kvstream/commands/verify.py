@@ -11,7 +11,8 @@ Errors (exit 1): a chunk file that fails any check (``corrupt``; a header whose 
 says is one), a file under ``chunks/`` that is not a chunk name at its place (``foreign``), two directory
 entries under one chunk name (``duplicate``: two writers both won the publish, which GlusterFS allows now and
 then; readers check the header, so it costs a miss at most), an index entry whose file size differs
-(``size``), an unreadable or damaged snapshot (``index``).
+(``size``), an unreadable or damaged snapshot, or damaged records in the middle of an index log (``index``:
+records after them are still read, but the chunks the damaged ones listed are orphans).
 Warnings: a valid chunk the index does not list (``orphan``: a crash between publish and index append, or an
 index written elsewhere), an index entry whose file is gone (``missing``: a crash between an eviction's unlink
 and its delete record; the store reads it as a miss, so verify agrees with it right after a crash), a temporary file (``temporary``; ``stale`` if its writer's lease is gone and it is
@@ -19,7 +20,9 @@ older than the lease expiry, or it has no lease in its name and is older than an
 users may read (``mode``), an unexpected entry in the folder (``extra``), a torn index log tail (``log``;
 normal after a crash), a repair left for later (``skipped``).
 
-``--repair`` then moves bad chunk files (and foreign ones) to ``quarantine/`` (with a ``.why`` note), appends index records
+``--repair`` then moves bad chunk files (and foreign ones) to ``quarantine/`` (with a ``.why`` note), moves damaged
+snapshots there too and rewrites damaged logs of finished writers with their valid records only (the index is
+rebuilt from the chunk files: every valid orphan is listed again), appends index records
 (a put for each valid orphan or size disagreement, a delete for each missing or bad file), deletes stale
 temporaries and drops group/other permission bits, and scans again; the exit status is the second scan's.
 It is safe beside running stores, on a shared tier too: what a node holding a live lease may be writing (an
@@ -43,6 +46,7 @@ import errno
 import json
 import os
 import re
+import shutil
 import stat
 import sys
 import time
@@ -50,12 +54,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-import xxhash
-
-from kvstream.errors import CorruptChunkError, UsageError
-from kvstream.format import HEADER_BYTES, decode_header
+from kvstream.errors import UsageError
+from kvstream.tiers.recheck import check_chunk_file
 from kvstream.tiers.files import MARKER, TMP_RE, _MARKER_TEXT, _TMP_MAX_AGE_S
-from kvstream.tiers.index import OP_DEL, OP_PUT, SNAPSHOT_SUFFIX, TierIndex, _decode_log, _parse_snapshot, _REC_BYTES
+from kvstream.tiers.index import OP_DEL, OP_PUT, SNAPSHOT_SUFFIX, TierIndex, _encode, _parse_snapshot, _scan_log, log_owner
 from kvstream.replica_debt import ReplicaReport, check_replicas
 
 __all__ = ["register", "verify_tier", "Finding", "TierReport"]
@@ -65,7 +67,6 @@ _CHUNK_NAME = re.compile(r"^([0-9a-f]{2,128})\.kvc$")
 _TOP = {MARKER, "chunks", "tmp", "index", "quarantine", "node-id", "owed"}
 _INDEX_FILES = re.compile(r"^(log-.*\.(log|closed)|([0-9a-f]{16}\.)?snapshot\.idx|([0-9a-f]{16}\.)?compact\.lock|"
                           r"snapshot\..*\.tmp|lease-[0-9a-f]{16}-[0-9a-f]{8})$")
-_READ_BLOCK = 4 << 20
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,37 +110,10 @@ class TierReport:
 
 
 def _check_chunk(path: Path, key_hex: str) -> tuple[int, str | None]:
-    """(file size, None) if the file is a valid chunk for ``key_hex``, else (size, the failed check).
-
-    Opened with ``O_NONBLOCK`` and checked to be a regular file first: a FIFO planted at a chunk path would
-    block a plain open (and ``verify``) forever."""
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
-    st = os.fstat(fd)
-    if not stat.S_ISREG(st.st_mode):
-        os.close(fd)
-        return 0, "not a regular file"
-    with os.fdopen(fd, "rb") as f:
-        size = st.st_size
-        head = f.read(HEADER_BYTES)
-        try:
-            header = decode_header(head, where=str(path), expect_key=bytes.fromhex(key_hex))
-        except CorruptChunkError as exc:
-            return size, exc.reason
-        if size < header.file_size:
-            return size, f"truncated file ({size} of {header.file_size} B)"
-        if size > header.file_size:
-            return size, f"file is {size} B, its header says {header.file_size} B"
-        h = xxhash.xxh3_64()
-        left = header.payload_len
-        while left:
-            block = f.read(min(left, _READ_BLOCK))
-            if not block:
-                return size, f"truncated payload ({header.payload_len - left} of {header.payload_len} B)"
-            h.update(block)
-            left -= len(block)
-        if h.intdigest() != header.payload_sum:
-            return size, "payload checksum mismatch"
-    return size, None
+    """(file size, None) if the file is a valid chunk for ``key_hex``, else (size, the failed check): the
+    store's own check (:func:`kvstream.tiers.recheck.check_chunk_file`)."""
+    size, _ino, why = check_chunk_file(path, bytes.fromhex(key_hex))
+    return size, why
 
 
 def _mode_problem(st: os.stat_result) -> str | None:
@@ -157,6 +131,7 @@ class _Context:
     live_uids: set[str] = field(default_factory=set)  # nodes holding a live lease on this tier
     expiry_s: float = 0.0
     ages: dict[str, float] = field(default_factory=dict)  # chunk file (relative) -> seconds since its mtime
+    live_writers: dict[str, str] = field(default_factory=dict)  # uid-token -> uid of every live lease
 
 
 def _scan(root: Path) -> tuple[TierReport, dict[str, Path], dict[bytes, int], _Context]:
@@ -192,6 +167,7 @@ def _scan(root: Path) -> tuple[TierReport, dict[str, Path], dict[bytes, int], _C
         ctx.live_uids = idx.lease.live_uids()
         ctx.expiry_s = idx.lease.expiry_s
         live_writers = idx.lease.live()
+        ctx.live_writers = live_writers
         now = idx.lease.reference()
         for entry in sorted(os.scandir(idx_dir), key=lambda e: e.name):
             rel = f"index/{entry.name}"
@@ -203,11 +179,14 @@ def _scan(root: Path) -> tuple[TierReport, dict[str, Path], dict[bytes, int], _C
                     data = Path(entry.path).read_bytes()
                 except OSError:
                     continue
-                whole = len(data) // _REC_BYTES
-                good = sum(1 for _ in _decode_log(data[: whole * _REC_BYTES]))
-                rest = data[good * _REC_BYTES :]
-                if rest.count(0) != len(rest):  # zeros are the space a live (or crashed) writer reserved
-                    add(Finding("warning", "log", rel, f"{good} valid records, then {len(data) - good * _REC_BYTES} B "
+                scan = _scan_log(data, whole=entry.name.endswith(".closed"))
+                if scan.damaged:  # valid records after bad ones, or junk in a closed log: damage, not a torn tail
+                    where = ", ".join(f"{n} B at byte {off}" for off, n in scan.holes[:5])
+                    add(Finding("error", "index", rel, f"{scan.damaged_records} damaged record(s) ({where}) among "
+                                                       f"{len(scan.records)} valid ones; the chunks they listed are "
+                                                       "orphans until --repair lists them again"))
+                if scan.tail_junk:  # zeros are the space a live (or crashed) writer reserved
+                    add(Finding("warning", "log", rel, f"{len(scan.records)} valid records, then {scan.tail_junk} B "
                                                        "of torn or foreign data (ignored)"))
     else:
         add(Finding("error", "index", "index", "no index folder"))
@@ -343,6 +322,18 @@ def _repair(root: Path, rep: TierReport, live: dict[bytes, int], ctx: _Context) 
                 if key in live:
                     idx.record(OP_DEL, key)
                 done.append(f"quarantined {f.file} ({f.detail})")
+            elif f.kind == "duplicate" and key is not None:
+                line = _resolve_duplicate(root, f.file, key, ctx)
+                if line.startswith("skipped: "):
+                    skipped.append(Finding("warning", "skipped", f.file, f"duplicate not resolved: {line[9:]}"))
+                elif line:
+                    done.append(line)
+            elif f.kind == "index" and f.file.startswith("index/"):
+                line = _repair_index_file(root, f.file, ctx)
+                if line.startswith("skipped: "):
+                    skipped.append(Finding("warning", "skipped", f.file, f"index not repaired: {line[9:]}"))
+                elif line:
+                    done.append(line)
             elif f.kind == "foreign":
                 dst = root / "quarantine" / f"{os.path.basename(f.file)}.{int(time.time())}.foreign"
                 try:
@@ -380,6 +371,80 @@ def _repair(root: Path, rep: TierReport, live: dict[bytes, int], ctx: _Context) 
     finally:
         idx.close()
     return done, skipped
+
+
+def _resolve_duplicate(root: Path, rel: str, key: bytes, ctx: _Context) -> str:
+    """Two directory entries under one chunk name (two links both won, GlusterFS): leave exactly one. The file the
+    name resolves to is copied aside if it is a valid chunk of the key, every entry under the name is removed
+    (each unlink removes the one the name resolves to), and the copy is linked back (the same key's valid bytes:
+    the index's listings stay right). Only with no live node on the tier: a live node may be reading it."""
+    if ctx.live_uids:
+        return "skipped: nodes hold live leases on this tier (they may be reading it; run again once they closed)"
+    path = root / rel
+    try:
+        _size, _ino, why = check_chunk_file(path, key)
+    except OSError as exc:
+        return f"skipped: {rel}: {exc.strerror}"
+    copy = root / "quarantine" / f".{path.name}.{int(time.time())}.dup.tmp"
+    if why is None:
+        shutil.copyfile(path, copy)
+        os.chmod(copy, 0o600)
+    removed = 0
+    for _ in range(8):
+        try:
+            os.unlink(path)
+            removed += 1
+        except FileNotFoundError:
+            break
+    kept = ""
+    if why is None:
+        try:
+            os.link(copy, path)
+            kept = ", one valid copy kept"
+        except FileExistsError:
+            kept = ", a writer published it again meanwhile"
+        finally:
+            copy.unlink(missing_ok=True)
+    return f"resolved the duplicate {rel}: {removed} entries removed{kept}"
+
+
+def _repair_index_file(root: Path, rel: str, ctx: _Context) -> str:
+    """Repair one damaged index file; returns what was done ("skipped: why" if nothing may be).
+
+    A damaged snapshot lists nothing any store can read: it is moved to ``quarantine/`` (its owner's next
+    compaction writes a new one from its logs); a damaged log whose writer is gone (closed, or its lease not
+    live) is rewritten in place (temporary + rename, same name, so its owner still owns and compacts it) with
+    its valid records only. The chunks the lost records listed are orphans, listed again by this repair's own
+    log (the orphan findings). A live writer's log is left to it (reported as skipped)."""
+    name = rel[len("index/"):]
+    path = root / rel
+    q = root / "quarantine"
+    stamp = int(time.time())
+    if name == "snapshot.idx" or name.endswith(SNAPSHOT_SUFFIX):
+        try:
+            os.rename(path, q / f"{name}.{stamp}.damaged")
+        except FileNotFoundError:
+            return ""
+        return f"moved the damaged snapshot {rel} to quarantine/ (its chunks are listed again from the files)"
+    if name.startswith("log-"):
+        owner = log_owner(name)
+        if name.endswith(".log") and owner is not None and f"{owner[0]}-{owner[1]}" in ctx.live_writers:
+            return "skipped: its writer is live (repair it once that writer has closed it)"
+        try:
+            scan = _scan_log(path.read_bytes(), whole=name.endswith(".closed"))
+        except FileNotFoundError:
+            return ""
+        tmp = q / f".{name}.{stamp}.repair.tmp"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            os.write(fd, b"".join(_encode(r) for r in scan.records))
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+        return (f"rewrote {rel} without its {scan.damaged_records} damaged record(s) ({len(scan.records)} valid "
+                "records kept)")
+    return ""
 
 
 def verify_tier(path: str | os.PathLike[str], *, repair: bool = False) -> TierReport:

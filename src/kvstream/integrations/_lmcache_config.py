@@ -61,6 +61,9 @@ class PluginKey:
     # store keys only: the value the plugin gives the field when the tiers come from kvstream.tiers (create_dirs:
     # folders named inline are created), where the store's own default would refuse a missing folder
     tiers_default: bool | None = None
+    # store keys only: the value the plugin always gives the field unless the key is set (the store's own default
+    # suits a Python caller; under LMCache another is safer, e.g. an unmounted shared tier opened down)
+    plugin_default: bool | None = None
 
     def default_text(self) -> str:
         """The default as docs/config.md shows it."""
@@ -109,6 +112,10 @@ PLUGIN_KEYS: dict[str, PluginKey] = {
     "shared_tiers": PluginKey(doc="NAME,NAME: tiers every node writes to (one folder for all nodes, e.g. on Lustre "
                                   "or CephFS); each node then owns and evicts only its own chunks there",
                               type="`NAME,...`", absent="— (no tier is shared)"),
+    "skip_unmounted_tiers": PluginKey(
+        doc="a tier whose folder is not on its mounted file system (the shared tiers; see require_mount) is opened "
+            "down, logged as an error and shown by lmcache:kvstream_tier_down, while kvstream serves from its other "
+            "tiers; false: kvstream does not start", store=True, plugin_default=True),
     "node_id": PluginKey(doc="this node's label on shared tiers; nodes are told apart by a persistent random id, so "
                              "a label two nodes share does no harm", store=True),
     "node_state_path": PluginKey(doc="file keeping this node's persistent id; never on the shared file system",
@@ -159,7 +166,8 @@ STORE_KEYS: dict[str, str] = {
     "TierConfig.capacity_bytes": "capacity_bytes",
     "TierConfig.shared": "shared_tiers",
     **{f"StoreConfig.{k}": k for k in ("memory_bytes", "router", "replication", "io_engine", "create_dirs",
-                                       "verify_reads", "hedge_after_s", "node_id", "node_state_path")},
+                                       "verify_reads", "hedge_after_s", "node_id", "node_state_path",
+                                       "skip_unmounted_tiers")},
 }
 
 # store fields a kvstream.<field> key may override, and how to read a string form of them
@@ -173,6 +181,7 @@ _STORE_OVERRIDES = {
     "hedge_after_s": "float?",
     "node_id": "str",
     "node_state_path": "str",
+    "skip_unmounted_tiers": "bool",
 }
 
 
@@ -381,6 +390,11 @@ def parse_extra_config(extra: Mapping[str, Any] | None, *, default_pending_bytes
                                                     "each tier's capacity_bytes)")
     if "shared_tiers" in opts:
         _mark_shared(data, opts["shared_tiers"])
+    # Under LMCache a shared file system that is not mounted yet must not stop kvstream's local tier, nor LMCache
+    # (which serves without a plugin that fails to start): the tier is opened down, loudly.
+    for name, key in PLUGIN_KEYS.items():
+        if key.plugin_default is not None:
+            data.setdefault(name, key.plugin_default)
     for name, kind in _STORE_OVERRIDES.items():
         if name not in opts:
             continue

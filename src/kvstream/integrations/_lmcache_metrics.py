@@ -22,7 +22,7 @@ or ``reason`` / ``path`` where shown):
 ``lmcache:kvstream_num_dropped_puts``        puts not stored, by ``reason``
 ``lmcache:kvstream_num_written_bytes``       bytes written to each tier (replicas included), by tier
 ``lmcache:kvstream_num_written_chunks``      chunk files written to each tier, by tier
-``lmcache:kvstream_num_corrupt_chunks``      files that failed verification (quarantined), by tier
+``lmcache:kvstream_num_corrupt_chunks``      files that failed verification twice (quarantined), by tier
 ``lmcache:kvstream_num_read_errors``         I/O errors and vanished files on reads, by tier
 ``lmcache:kvstream_pending_puts``            LMCache buffers held by puts not yet in the store (gauge)
 ``lmcache:kvstream_prefetches_in_flight``    async prefetches started and not yet collected (gauge)
@@ -31,6 +31,9 @@ or ``reason`` / ``path`` where shown):
 ``lmcache:kvstream_used_bytes``              bytes held, by tier (gauge)
 ``lmcache:kvstream_chunks``                  chunks held, by tier (gauge)
 ``lmcache:kvstream_tier_circuit_open``       1 while the tier's circuit breaker is open, by tier (gauge)
+``lmcache:kvstream_tier_down``               1 while the tier could not be opened: kvstream runs without it (gauge)
+``lmcache:kvstream_num_transient_read_faults`` reads that failed verification and read back intact (file kept)
+``lmcache:kvstream_num_refused_pinned``      copies refused: only evicting pinned chunks would make room, by tier
 ``lmcache:kvstream_tier_replicas_owed``      copies owed to the tier, not written yet, by tier (gauge)
 ``lmcache:kvstream_num_evicted_chunks``      chunks evicted to stay within capacity, by tier
 ``lmcache:kvstream_num_evicted_bytes``       their bytes, by disk tier
@@ -108,6 +111,12 @@ _SPECS: list[tuple[Any, ...]] = [
     ("chunks", Gauge, "lmcache:kvstream_chunks", "Chunks each kvstream tier holds", ["tier"], "livemax"),
     ("circuit_open", Gauge, "lmcache:kvstream_tier_circuit_open", "1 while the kvstream tier's circuit breaker is open",
      ["tier"], "livemax"),
+    ("tier_down", Gauge, "lmcache:kvstream_tier_down",
+     "1 while the kvstream tier could not be opened (kvstream runs without it; the log says why)", ["tier"], "livemax"),
+    ("read_transient", Counter, "lmcache:kvstream_num_transient_read_faults",
+     "kvstream reads that failed verification and read back intact (the file kept), by tier", ["tier"]),
+    ("refused_pinned", Counter, "lmcache:kvstream_num_refused_pinned",
+     "kvstream copies refused because only evicting pinned chunks would have made room (retryable)", ["tier"]),
     ("replicas_owed", Gauge, "lmcache:kvstream_tier_replicas_owed",
      "Copies kvstream's replication policy wants on the tier that are not written yet (the catch-up writes them)",
      ["tier"], "livemax"),
@@ -128,6 +137,8 @@ _TIER_STATS: dict[str, tuple[str, dict[str, str]]] = {
     "write_bytes": ("written_bytes", {}),
     "write_chunks": ("written_chunks", {}),
     "corrupt_chunks": ("corrupt_chunks", {}),
+    "read_transient": ("read_transient", {}),
+    "write_refused_pinned": ("refused_pinned", {}),
     "read_errors": ("read_errors", {}),
     "missing_files": ("read_errors", {}),
     "evicted_chunks": ("evicted_chunks", {}),
@@ -246,6 +257,7 @@ class PluginMetrics:
                     self._add(attr, (tier, field), getattr(t, field), tier=tier, **extra)
                 self._set_gauges(tier, t)
                 self._l("circuit_open", tier=tier).set(1.0 if t.circuit == "open" else 0.0)
+                self._l("tier_down", tier=tier).set(1.0 if t.down else 0.0)
                 self._l("replicas_owed", tier=tier).set(float(t.replicas_owed))
                 self._write_children.setdefault(tier, self._l("time_to_write", tier=tier))  # exists from the start
             for field, attr in _MEMORY_STATS.items():

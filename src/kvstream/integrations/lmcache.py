@@ -321,9 +321,8 @@ class KVStreamBackend(StoragePluginInterface):  # type: ignore[misc]  # LMCache 
             self._keys = KeyMapper(self.options.namespace, tenant_salt=self.options.tenant_salt)
             self.metrics = PluginMetrics(model_name=metadata.model_name, worker_id=metadata.worker_id,
                                          role=metadata.role, served_model_name=metadata.served_model_name)
-            self._lock = threading.Lock()  # guards _prefetch and _pins; never held across I/O
+            self._lock = threading.Lock()  # guards _prefetch; never held across I/O
             self._prefetch: dict[str, _Prefetch] = {}
-            self._pins: dict[bytes, int] = {}
             self._loader = ThreadPoolExecutor(max_workers=self.options.load_threads,
                                               thread_name_prefix="kvstream-lmcache-load")
             self._copier = ThreadPoolExecutor(max_workers=_COPY_THREADS, thread_name_prefix="kvstream-lmcache-copy")
@@ -391,10 +390,13 @@ class KVStreamBackend(StoragePluginInterface):  # type: ignore[misc]  # LMCache 
             return 0
 
     def _pin_keys(self, keys: Sequence[CacheEngineKey]) -> None:
-        with self._lock:
+        """One pin on each key (LMCache's lookups with ``pin=True``): the store keeps them out of every tier's
+        eviction until LMCache unpins them (:mod:`kvstream.tiers.pins`)."""
+        try:
             for k in keys:
-                sk = self._keys(k)
-                self._pins[sk] = self._pins.get(sk, 0) + 1
+                self.store.pin(self._keys(k))
+        except StoreClosedError:
+            pass
 
     def _reported_prefix(self, keys: Sequence[CacheEngineKey]) -> int:
         """The hit a lookup reports: the held prefix, or (``kvstream.recompute_*`` set) the first ``k`` of its
@@ -717,28 +719,26 @@ class KVStreamBackend(StoragePluginInterface):  # type: ignore[misc]  # LMCache 
 
     # -- pins and removal -----------------------------------------------------------------------------------
     def pin(self, key: CacheEngineKey) -> bool:
-        if not self.contains(key):
+        """LMCache's ``pin``: one more pin on a held chunk (False if kvstream does not hold it). Counted per key,
+        as LMCache's own backends count them: pinned twice, it stays pinned until unpinned twice."""
+        try:
+            return self.store.pin(self._keys(key))
+        except StoreClosedError:
             return False
-        self._pin_keys([key])
-        return True
 
     def unpin(self, key: CacheEngineKey) -> bool:
-        sk = self._keys(key)
-        with self._lock:
-            n = self._pins.get(sk, 0)
-            if n <= 0:
-                return False
-            if n == 1:
-                del self._pins[sk]
-            else:
-                self._pins[sk] = n - 1
-        return True
+        try:
+            return self.store.unpin(self._keys(key))
+        except StoreClosedError:
+            return False
 
     def remove(self, key: CacheEngineKey, force: bool = True) -> bool:
+        """A forced remove (LMCache's default) removes a pinned chunk too, and its pins; ``force=False`` (an
+        eviction by LMCache) leaves a pinned chunk alone."""
         sk = self._keys(key)
-        with self._lock:
-            self._pins.pop(sk, None)
         try:
+            if not force and self.store.pins.pinned(sk):
+                return False
             return self.store.remove(sk)
         except StoreClosedError:
             return False

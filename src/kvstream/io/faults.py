@@ -15,7 +15,8 @@ Rings are chosen by their label with shell-style patterns: a tier's rings are ``
 kind          ops     effect on the completion the caller sees
 ============  ======  ============================================================================
 ``eio``       both    ``result = -EIO``
-``enospc``    writes  ``result = -ENOSPC`` (``edquot``: ``-EDQUOT``)
+``enospc``    writes  ``result = -ENOSPC`` (``edquot``: ``-EDQUOT``; ``enodata``: ``-ENODATA``, GlusterFS's answer
+                      for a file whose metadata is not settled)
 ``short``     reads   ``result`` cut to a random length below the one transferred (a truncated file)
 ``flip``      reads   one random bit of the transferred bytes inverted (inside ``window`` if given)
 ``delay``     both    the completion is held back ``delay_s`` seconds (a stalled device); the ring
@@ -54,10 +55,10 @@ from kvstream.io.timer import DueTimer
 
 __all__ = ["Fault", "FaultEvent", "FaultPlan", "FaultyEngine", "FaultyRing", "KINDS", "parse_faults"]
 
-KINDS = ("eio", "enospc", "edquot", "short", "flip", "delay")
-_OPS = {"eio": None, "delay": None, "enospc": OpKind.WRITE, "edquot": OpKind.WRITE,
+KINDS = ("eio", "enospc", "edquot", "enodata", "short", "flip", "delay")
+_OPS = {"eio": None, "delay": None, "enospc": OpKind.WRITE, "edquot": OpKind.WRITE, "enodata": OpKind.WRITE,
         "short": OpKind.READ, "flip": OpKind.READ}  # None: reads and writes
-_ERRNO = {"eio": errno.EIO, "enospc": errno.ENOSPC, "edquot": errno.EDQUOT}
+_ERRNO = {"eio": errno.EIO, "enospc": errno.ENOSPC, "edquot": errno.EDQUOT, "enodata": errno.ENODATA}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

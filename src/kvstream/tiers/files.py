@@ -36,12 +36,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from kvstream.config import TierConfig
-from kvstream.errors import ConfigError, TierError
+from kvstream.errors import CONFIG_ERRNOS, GONE, WRITE_RETRY, ConfigError, TierError, TierUnavailable
 from kvstream.eviction import EvictionPolicy, eviction_options, make_eviction_policy
 from kvstream.io.buffers import ALIGN, AlignedBuffer
 from kvstream.io.engine import IOEngine, Ring
 from kvstream.tiers.index import OP_DEL, OP_PUT, TierIndex
+from kvstream.tiers.mounts import mount_problem
+from kvstream.tiers.pins import Pins
 from kvstream.tiers.private import mkdir_private
+from kvstream.tiers.rebuild import valid_unlisted
+from kvstream.tiers.recheck import read_size
 
 __all__ = ["DirectoryTier", "TierCounters", "MARKER"]
 
@@ -51,7 +55,8 @@ MARKER = "KVSTREAM_TIER"
 _MARKER_TEXT = "kvstream tier, chunk format 1\n"
 _TMP_MAX_AGE_S = 3600.0  # temporaries of older versions (no lease in their name) older than this are leftovers
 TMP_RE = re.compile(r"^[0-9a-f]+\.([0-9a-f]{16})-([0-9a-f]{8})\.[0-9a-f]+\.tmp$")  # key.uid-token.rand.tmp
-_GONE = (errno.ENOENT, errno.ESTALE)  # the name (or the file under a handle) is not there: a miss, not a fault
+_GONE = GONE  # the name (or the file under a handle) is not there: a miss, not a fault (errors.py, errno rules)
+_LINK_TRIES = 4
 
 
 @dataclass
@@ -63,7 +68,9 @@ class TierCounters:
     read_busy_s: float = 0.0  # wall time with at least one read of this tier in flight
     duplicate_chunks: int = 0
     read_errors: int = 0
-    corrupt_chunks: int = 0
+    corrupt_chunks: int = 0  # quarantined: failed verification twice (the read, then a re-read of the file)
+    read_retried: int = 0  # reads that failed verification and were read again before any verdict
+    read_transient: int = 0  # ... whose re-read verified: a fault on the way, the file intact and kept
     missing_files: int = 0
     write_bytes: int = 0
     write_busy_s: float = 0.0  # wall time with at least one copy handed to the tier's writer and not finished
@@ -75,6 +82,9 @@ class TierCounters:
     write_retried_nospace: int = 0  # writes retried after ENOSPC/EDQUOT, once room was made by eviction
     already_present: int = 0  # publishes that found the key published first
     write_retried_stale: int = 0  # writes retried once after ESTALE (a peer's delete or a re-created folder)
+    write_refused_pinned: int = 0  # copies refused: only evicting pinned chunks would have made room
+    publish_conflicts: int = 0  # links that won although another writer's file held the name (GlusterFS)
+    orphans_listed: int = 0  # published files a killed writer never logged, listed from its temporary at open
     evicted_chunks: int = 0
     evicted_bytes: int = 0
     latencies: list[float] = field(default_factory=list, repr=False)  # recent per-chunk read latencies (s)
@@ -100,49 +110,96 @@ class DirectoryTier:
     """One tier folder: layout, index, capacity, atomic publish, and its read and write rings."""
 
     def __init__(self, cfg: TierConfig, *, index: int, engine: IOEngine, node_id: str, create: bool,
-                 field_prefix: str, node_uid: str | None = None) -> None:
+                 field_prefix: str, node_uid: str | None = None, pins: Pins | None = None, down: str = "") -> None:
+        """Open (or create) the tier folder. Raises :class:`ConfigError` naming ``<field_prefix>.path`` if the
+        configuration is wrong, and its subclass :class:`TierUnavailable` if the tier's file system is failing
+        or absent (full, read-only, dead, not mounted): the store may then open without it. ``down`` (the
+        reason): build the tier as down instead, touching nothing on disk (see ``Store``)."""
         self.cfg = cfg
         self.name = cfg.name
         self.position = index  # index in the store's tier list (0 = primary)
         self.root = Path(cfg.path)
         self._field = field_prefix
-        self._check_folder(create)
-        for sub in ("chunks", "tmp", "index", "quarantine"):
-            (self.root / sub).mkdir(mode=0o700, exist_ok=True)
-        marker = self.root / MARKER
-        if not marker.exists():
-            _write_private(marker, _MARKER_TEXT.encode())
-        else:
-            self._check_marker(marker)
         self.node_id = node_id
-        self.direct = self._probe_direct()
+        self.down = down  # why the tier could not be opened ("" while up): never read, written or probed
+        self.counters = TierCounters()
+        self.relisted_chunks = 0
+        self.removed_temporaries = 0
+        if down:
+            self.direct = False
+            self.index = TierIndex(self.root / "index", node_id=node_id, node_uid=node_uid, writable=False, load=False)
+        else:
+            self._open_files(create, node_uid)
         self._open_flags_read = os.O_RDONLY | (os.O_DIRECT if self.direct else 0)
         self._open_flags_write = os.O_WRONLY | os.O_CREAT | os.O_EXCL | (os.O_DIRECT if self.direct else 0)
-        self.index = TierIndex(self.root / "index", node_id=node_id, node_uid=node_uid)
-        self.removed_temporaries = self._clean_tmp()  # after the index: it judges writers by their leases
         try:
             self.policy: EvictionPolicy = make_eviction_policy(cfg.eviction, **eviction_options(cfg.eviction, cfg.capacity_bytes))
         except KeyError as exc:
+            self.index.close()
             raise ConfigError(f"{field_prefix}.eviction", str(exc).strip('"')) from None
         self._lock = threading.Lock()
         self._dropping: set[bytes] = set()  # keys whose delete record is being logged (see drop)
-        # Invariant: the policy holds exactly the keys of _own and _adopted; _used is the sum of _own's sizes.
+        # Invariant: the policy holds exactly the keys of _own and _adopted that are not in _held; _held is the
+        # keys of _own and _adopted that are pinned (kept out of the policy, so never a victim); _used is the
+        # sum of _own's sizes (pinned ones included: they still take room).
         self._own: dict[bytes, int] = {}  # this node's chunks: counted against capacity (its quota here)
         self._adopted: set[bytes] = set()  # chunks of nodes with no live lease: evictable, not counted
+        self.pins = pins if pins is not None else Pins()
+        self._held: set[bytes] = set()
         self._used = 0
         self._live_uids: set[str] | None = None  # nodes with a live lease at the last look (shared tiers)
-        self._resync()
+        if not down:
+            self._resync()
         self._reserved = 0
         self._made_dirs: set[str] = set()
         self._link_ok = True
-        self.counters = TierCounters()
         self.read_ring: Ring = engine.ring(f"{cfg.name}-r", depth=cfg.read_depth, max_bytes=cfg.read_inflight_bytes)
         self.write_ring: Ring = engine.ring(f"{cfg.name}-w", depth=cfg.write_depth, max_bytes=cfg.write_inflight_bytes)
         self._last_refresh = time.monotonic()
 
+    def _open_files(self, create: bool, node_uid: str | None) -> None:
+        """Everything opening does on disk: the folder (checked, or created), its layout and marker, the O_DIRECT
+        probe, the index (and a rebuild from the files if it is damaged), leftover temporaries. Any ``OSError``
+        becomes a ConfigError (a configuration to fix) or a TierUnavailable (a failing file system)."""
+        try:
+            self._check_folder(create)
+            for sub in ("chunks", "tmp", "index", "quarantine"):
+                (self.root / sub).mkdir(mode=0o700, exist_ok=True)
+            marker = self.root / MARKER
+            if not marker.exists():
+                _write_private(marker, _MARKER_TEXT.encode())
+            else:
+                self._check_marker(marker)
+            self.direct = self._probe_direct()
+            self.index = TierIndex(self.root / "index", node_id=self.node_id, node_uid=node_uid)
+        except OSError as exc:
+            raise self._open_error(exc, f"{self.root}") from None
+        try:
+            self.relisted_chunks = self._rebuild() if self.index.damaged else 0
+            self.removed_temporaries = self._clean_tmp()  # after the index: it judges writers by their leases
+        except OSError as exc:
+            self.index.close()
+            raise self._open_error(exc, f"{self.root}") from None
+
+    def _open_error(self, exc: OSError, what: str) -> ConfigError:
+        """A ConfigError naming the tier's path for an ``OSError`` met while opening: a TierUnavailable unless
+        the errno says the configuration is wrong (permissions, not a folder: ``errors.CONFIG_ERRNOS``)."""
+        f = f"{self._field}.path"
+        msg = f"{what}: {exc.strerror or exc}"
+        if exc.errno in CONFIG_ERRNOS:
+            return ConfigError(f, msg)
+        return TierUnavailable(f, msg + " (the tier's file system is failing: full, read-only, dead or gone?)",
+                               err=exc.errno)
+
     # -- opening --------------------------------------------------------------------------------------------
     def _check_folder(self, create: bool) -> None:
+        """The folder exists (or is created) on the file system it must be on, and is writable. Raises
+        ConfigError / TierUnavailable (``unmounted``) naming ``<field>.path``; ``OSError`` from the probe."""
         f = f"{self._field}.path"
+        require = self.cfg.shared if self.cfg.require_mount is None else self.cfg.require_mount
+        why = mount_problem(self.root, require_mount=require, mount_point=self.cfg.mount_point)
+        if why is not None:  # checked before anything is created: never a folder under an unmounted mount point
+            raise TierUnavailable(f, why, unmounted=True)
         if not self.root.exists():
             if not create:
                 raise ConfigError(f, f"folder {self.root} does not exist (create it, or set create_dirs: true)")
@@ -150,7 +207,7 @@ class DirectoryTier:
                 # exist_ok: two nodes (or processes) opening a new shared tier at once both get here
                 mkdir_private(self.root)
             except OSError as exc:
-                raise ConfigError(f, f"cannot create {self.root}: {exc.strerror}") from None
+                raise self._open_error(exc, f"cannot create {self.root}") from None
         if not self.root.is_dir():
             raise ConfigError(f, f"{self.root} is not a folder")
         probe = self.root / f".probe-{os.getpid()}-{secrets.token_hex(4)}"
@@ -159,7 +216,7 @@ class DirectoryTier:
             os.close(fd)
             probe.unlink()
         except OSError as exc:
-            raise ConfigError(f, f"folder {self.root} is not writable: {exc.strerror}") from None
+            raise self._open_error(exc, f"folder {self.root} is not writable") from None
 
     def _check_marker(self, marker: Path) -> None:
         """Warn (once, at open) if the folder was made by another chunk format: its chunks will fail
@@ -172,6 +229,36 @@ class DirectoryTier:
         if text != _MARKER_TEXT:
             log.warning("tier %s: %s says %r, this build writes %r; chunks that do not verify will be ignored",
                         self.name, marker, text.strip()[:80], _MARKER_TEXT.strip())
+
+    def _rebuild(self) -> int:
+        """The index met damage at load (a damaged snapshot, damaged log records): puts may be lost and valid
+        chunk files unlisted. Rebuild what this node may: set its own damaged snapshot aside (its next
+        compaction, run now, writes a new one) and list again every whole chunk file no index lists
+        (:mod:`kvstream.tiers.rebuild`). On a shared tier only damage in this node's own index files is
+        rebuilt here (each node rewrites only its own); damage in a peer's is a warning for its owner's next
+        open or ``kvstream verify --repair``. Returns the chunks listed again."""
+        idx = self.index
+        if self.cfg.shared and not idx.own_damage():
+            log.warning("tier %s: damaged index files of other nodes (%s; %d damaged log records): their owners "
+                        "rebuild them at their next open, or run `kvstream verify --repair %s`", self.name,
+                        ", ".join(sorted(idx.damaged_snapshots)) or "no snapshot", idx.damaged_records, self.root)
+            return 0
+        moved = False
+        for name in sorted(idx.damaged_snapshots):
+            moved = idx.set_aside_snapshot(name, self.root / "quarantine") or moved
+        young = 0.0
+        if self.cfg.shared and idx.lease.live_uids() - {idx.uid}:
+            young = idx.lease.expiry_s  # a live peer's publish may not be logged yet: leave young files alone
+        n = 0
+        for key, size in valid_unlisted(self.root, idx, limit=self.cfg.capacity_bytes, young_s=young):
+            idx.record(OP_PUT, key, size)
+            n += 1
+        if moved:
+            idx.compact_now()
+        log.warning("tier %s: the index was damaged (%d damaged log records, snapshot(s) %s); rebuilt from the "
+                    "chunk files: %d chunk(s) listed again", self.name, idx.damaged_records,
+                    ", ".join(sorted(idx.damaged_snapshots)) or "fine", n)
+        return n
 
     def _probe_direct(self) -> bool:
         mode = self.cfg.direct_io
@@ -222,12 +309,30 @@ class DirectoryTier:
             else:
                 stale = age > _TMP_MAX_AGE_S
             if stale:
+                if m:
+                    self._list_orphan(entry.name.split(".", 1)[0], entry.path)
                 try:
                     os.unlink(entry.path)
                     removed += 1
                 except OSError:
                     pass
         return removed
+
+    def _list_orphan(self, key_hex: str, tmp_path: str) -> None:
+        """A dead writer's temporary that is also the chunk file under the key's name (the same inode: its link
+        won, and the writer was killed before the put was logged, see :meth:`publish`): list the chunk as this
+        node's, so that it counts against this node's quota and can be evicted, instead of sitting on disk
+        outside every quota until ``kvstream verify --repair``."""
+        try:
+            key = bytes.fromhex(key_hex)
+            tmp_st = os.stat(tmp_path)
+            st = os.stat(self.path_for(key))
+        except (OSError, ValueError):
+            return
+        if (st.st_ino, st.st_dev) != (tmp_st.st_ino, tmp_st.st_dev) or key in self.index:
+            return
+        self.index.record(OP_PUT, key, st.st_size)
+        self.counters.orphans_listed += 1
 
     # -- naming ---------------------------------------------------------------------------------------------
     @staticmethod
@@ -253,7 +358,7 @@ class DirectoryTier:
     def maybe_refresh(self, min_interval_s: float = 1.0) -> None:
         """On a shared tier, pick up other nodes' puts and deletes (at most once per interval), and which nodes
         are alive (their chunks become evictable here when their lease expires)."""
-        if not self.cfg.shared:
+        if not self.cfg.shared or self.down:
             return
         now = time.monotonic()
         if now - self._last_refresh < min_interval_s:
@@ -296,7 +401,7 @@ class DirectoryTier:
         with self._lock:
             if key in self._dropping:
                 return  # a drop of ours is logging its delete: it does the bookkeeping
-            in_policy = key in self._own or key in self._adopted
+            in_policy = (key in self._own or key in self._adopted) and key not in self._held
             if key in self._own:
                 self._used -= self._own.pop(key)
             self._adopted.discard(key)
@@ -305,10 +410,43 @@ class DirectoryTier:
                 self._used += size  # type: ignore[operator]
             elif adopt:
                 self._adopted.add(key)
-            if (mine or adopt) and not in_policy:
+            member = mine or adopt
+            held = member and self.pins.pinned(key)
+            if held:
+                self._held.add(key)
+            else:
+                self._held.discard(key)
+            if member and not held and not in_policy:
                 self.policy.on_insert(key, size)  # type: ignore[arg-type]
-            elif not (mine or adopt) and in_policy:
+            elif (not member or held) and in_policy:
                 self.policy.on_remove(key)
+
+    # -- pins -----------------------------------------------------------------------------------------------
+    def hold(self, key: bytes) -> bool:
+        """The key is pinned (its count in :attr:`pins` is above zero): take it out of the eviction policy.
+        True if this tier now holds the chunk safe from eviction; False if it does not hold it, or if an
+        eviction, remove or quarantine of it is already under way (taken before the pin: it goes)."""
+        with self._lock:
+            if key in self._dropping or not self.pins.pinned(key):
+                return False
+            if key in self._own or key in self._adopted:
+                if key not in self._held:
+                    self._held.add(key)
+                    self.policy.on_remove(key)
+                return True
+            return key in self.index  # listed, but another live node's: never evicted here anyway
+
+    def release(self, key: bytes) -> None:
+        """The key's last pin went: it may be evicted again (it re-enters the policy as just used)."""
+        with self._lock:
+            if key in self._held and not self.pins.pinned(key):
+                self._held.discard(key)
+                size = self._own.get(key, self.index.get(key) or 0)
+                self.policy.on_insert(key, size)
+
+    def pinned_count(self) -> int:
+        """Chunks of this tier kept out of eviction by a pin (a gauge)."""
+        return len(self._held)
 
     # -- reads ----------------------------------------------------------------------------------------------
     def open_for_read(self, key: bytes) -> tuple[int, int] | None:
@@ -323,11 +461,10 @@ class DirectoryTier:
         looks like from here. Raises :class:`TierError` if the tier cannot open it (I/O error, the tier folder
         vanished): the file may be intact, so the key is kept; the caller reads another replica and counts a
         tier failure."""
-        size = self.index.get(key)
-        if size is None:
+        if key not in self.index:
             return None
         try:
-            fd = self._open_regular(key)
+            got = self._open_regular(key)
         except OSError as exc:
             if exc.errno in _GONE:
                 if not self.present():  # the whole tier is gone (unmounted): a tier failure, not a lost file
@@ -340,35 +477,39 @@ class DirectoryTier:
                 return None
             self.counters.read_errors += 1
             raise TierError(self.name, "open", exc.errno, f"{self.relpath(key)}: {exc.strerror}") from None
-        if fd is None:
+        if got is None:
             self.quarantine(key, "not a regular file")
             return None
-        return fd, size
+        return got
 
     def open_ahead(self, key: bytes) -> tuple[int, int] | None:
         """Like :meth:`open_for_read` for a read that may never be issued (opened early, off the I/O path):
         None on any failure, counting nothing; the read proper then opens the file itself and reports."""
-        size = self.index.get(key)
-        if size is None:
+        if key not in self.index:
             return None
         try:
-            fd = self._open_regular(key)
+            return self._open_regular(key)
         except OSError:
             return None
-        return None if fd is None else (fd, size)
 
-    def _open_regular(self, key: bytes) -> int | None:
-        """A descriptor for reading the chunk file (``O_NONBLOCK``: a FIFO cannot block the open), or None if
-        what sits at the path is not a regular file. Raises ``OSError`` if it cannot be opened."""
+    def _open_regular(self, key: bytes) -> tuple[int, int] | None:
+        """(descriptor, bytes to read) for the chunk file (``O_NONBLOCK``: a FIFO cannot block the open), or None
+        if what sits at the path is not a regular file. Raises ``OSError`` if it cannot be opened.
+
+        The size is the open file's own (``fstat``), not the index's: the index is a hint that can be stale
+        (another node removed the key and put it again, larger) or wrong (a damaged record), and a read sized
+        from it cut an intact file short and quarantined it. Never trusted blindly either: at least a header,
+        at most the tier's capacity (no chunk of ours is larger); the header read then decides."""
         fd = os.open(self.path_for(key), self._open_flags_read | os.O_NONBLOCK)
         try:
-            if stat.S_ISREG(os.fstat(fd).st_mode):
-                return fd
+            st = os.fstat(fd)
         except OSError:
             os.close(fd)
             raise
-        os.close(fd)
-        return None
+        if not stat.S_ISREG(st.st_mode):
+            os.close(fd)
+            return None
+        return fd, read_size(st.st_size, self.cfg.capacity_bytes)
 
     def _not_a_file(self, key: bytes) -> bool:
         """True (and the entry quarantined) if something other than a regular file sits at the chunk's path."""
@@ -425,6 +566,12 @@ class DirectoryTier:
             fits = self._used + self._reserved + nbytes <= self.cfg.capacity_bytes
             if fits:
                 self._reserved += nbytes
+            elif self._held:
+                # Nothing evictable is left: if the pinned chunks hold the room, the put is refused (LMCache's
+                # contract: pinned chunks are never evicted; the caller may put it again later), and counted.
+                pinned = sum(self._own.get(k, 0) for k in self._held)
+                if self._used + self._reserved + nbytes - pinned <= self.cfg.capacity_bytes:
+                    self.counters.write_refused_pinned += 1
         self._evict(victims)
         return fits
 
@@ -432,11 +579,15 @@ class DirectoryTier:
         """The policy's next victim, taken out of the policy and the quota and marked dropping; None if there
         is none. Only this node's chunks and those of nodes with no live lease are in the policy, so nothing a
         live peer owns is ever picked. Called with ``_lock`` held."""
-        key = self.policy.victim()
-        if key is None:
-            return None
-        assert isinstance(key, bytes)  # the policy only ever holds this tier's chunk keys
-        self.policy.on_remove(key)
+        while True:
+            key = self.policy.victim()
+            if key is None:
+                return None
+            assert isinstance(key, bytes)  # the policy only ever holds this tier's chunk keys
+            self.policy.on_remove(key)
+            if not self.pins.pinned(key):
+                break
+            self._held.add(key)  # pinned since it was last placed (its hold() has not run yet): never a victim
         size = self._own.pop(key, None)
         if size is not None:
             self._used -= size
@@ -488,7 +639,7 @@ class DirectoryTier:
             try:
                 return os.open(path, self._open_flags_write, 0o600), path
             except OSError as exc:
-                if exc.errno != errno.ESTALE or attempt:
+                if exc.errno not in WRITE_RETRY or attempt:
                     raise
                 self.counters.write_retried_stale += 1
         raise AssertionError("unreachable")
@@ -500,60 +651,109 @@ class DirectoryTier:
         On a shared tier only the winner logs the put (and owns the chunk: its quota, its eviction); a loser
         learns of the chunk from the winner's log on its next refresh, unless nothing lists the key at all
         (a file whose put was never logged, or whose listing was dropped on a spurious ENOENT): then the loser
-        lists it, so no valid file stays invisible. No name is trusted alone: a reader
-        checks the header's key and checksum, so a second file under one name (GlusterFS lets two links
-        win, rarely) can cost a miss, never wrong bytes; ``kvstream verify`` reports it."""
-        won = self._link(tmp_path, self.path_for(key))  # raises: the caller unreserves (Writer._finish_write)
-        if not won:
-            self.counters.already_present += 1
-        if won:
-            # Always a new put (a new gen), even if this node already lists the key: that listing may be one a
-            # peer has deleted (it adopted and evicted our chunk, or removed it) whose delete we have not read
-            # yet; reading it later would unlist the file just published (found by the two-node soak: 134
-            # acknowledged chunks whose files were there, listed by nobody).
-            self.index.record(OP_PUT, key, file_size)
-        elif key not in self.index:
-            self.index.record(OP_PUT, key, file_size)  # an unlisted file: listed (and owned) by us from now
-        self._sync(key)
-        with self._lock:  # only now: until the chunk counts as used, its reservation holds its place
-            self._reserved -= file_size
-        return won
+        lists it, so no valid file stays invisible. No name is trusted alone: a reader checks the header's key
+        and checksum. GlusterFS lets two links of one name both succeed now and then (two directory entries);
+        a winner checks that the name is its file and resolves a double win at once (:meth:`_settle`).
 
-    def _link(self, tmp_path: str, final: Path) -> bool:
-        """``link()`` the temporary to its final name (``rename`` where there are no hard links); True if ours
-        is the file now there, False if the name was taken. The temporary is unlinked either way.
-
-        A fan-out folder made a moment ago by another node can read as missing or stale on this client
-        (ENOENT/ESTALE from ``link``): the folders are made again and the link retried, once."""
-        d = os.path.dirname(final)
+        The temporary is unlinked only after the put is logged: a writer killed between the link and the log
+        leaves its temporary, a second link to the published file, by which its node (or, once its lease has
+        expired, any node) lists the orphan at its next open (:meth:`_clean_tmp`)."""
+        final = self.path_for(key)
         try:
-            for attempt in (0, 1):
-                try:
-                    if attempt or d not in self._made_dirs:
-                        mkdir_private(d)
-                        self._made_dirs.add(d)
-                    if self._link_ok:
-                        try:
-                            os.link(tmp_path, final)
-                            return True
-                        except FileExistsError:
-                            return False
-                        except OSError as exc:
-                            if exc.errno not in (errno.EPERM, errno.EOPNOTSUPP, errno.ENOSYS, errno.EMLINK):
-                                raise
-                            self._link_ok = False  # no hard links here: rename (replaces identical bytes)
-                    os.rename(tmp_path, final)
-                    return True
-                except OSError as exc:
-                    if exc.errno not in _GONE or attempt:
-                        raise
-                    self._made_dirs.discard(d)
-            raise AssertionError("unreachable")
+            won = self._link(tmp_path, final)  # raises: the caller unreserves (Writer._finish_write)
+            if won and self._link_ok:
+                won = self._settle(tmp_path, final)
+            if not won:
+                self.counters.already_present += 1
+            if won:
+                # Always a new put (a new gen), even if this node already lists the key: that listing may be one
+                # a peer has deleted (it adopted and evicted our chunk, or removed it) whose delete we have not
+                # read yet; reading it later would unlist the file just published (found by the two-node soak:
+                # 134 acknowledged chunks whose files were there, listed by nobody).
+                self.index.record(OP_PUT, key, file_size)
+            elif key not in self.index:
+                self.index.record(OP_PUT, key, file_size)  # an unlisted file: listed (and owned) by us from now
         finally:
             try:
                 os.unlink(tmp_path)
             except OSError:
                 pass
+        self._sync(key)
+        with self._lock:  # only now: until the chunk counts as used, its reservation holds its place
+            self._reserved -= file_size
+        return won
+
+    def _settle(self, tmp_path: str, final: Path) -> bool:
+        """After a successful ``link``: True if the name now resolves to our file (the temporary's inode).
+
+        GlusterFS (a distribute volume) lets two clients' links of one name both succeed (4 of 8 runs of the
+        two-node race test; ``verify``: two directory entries under one name): each writer then believes it
+        won and logs a put, and the name resolves to one of the two files. The writer that finds the name
+        resolving to another file resolves it at once, the same way every time: it removes the entry the name
+        resolves to (the other writer's: the same key, a valid chunk just like ours) until the name resolves
+        to ours, or is free, when ours is linked again. One entry is left, ours, and we log our put; the other
+        writer's put lists the same key, so it stays listed whichever node evicts it. Bounded: after
+        ``_LINK_TRIES`` rounds the name is left as it is (``kvstream verify --repair`` resolves leftovers)."""
+        try:
+            mine = os.stat(tmp_path)
+        except OSError:
+            return True  # cannot tell (our temporary is gone): as before, the link decides
+        for _ in range(_LINK_TRIES):
+            try:
+                st = os.stat(final)
+            except OSError as exc:
+                if exc.errno not in _GONE:
+                    return True
+                try:  # the name is free (a remove raced, or we removed the other entry): ours goes there
+                    os.link(tmp_path, final)
+                except FileExistsError:
+                    pass
+                except OSError:
+                    return False
+                continue
+            if (st.st_ino, st.st_dev) == (mine.st_ino, mine.st_dev):
+                return True
+            self.counters.publish_conflicts += 1
+            log.warning("tier %s: %s: another writer's file under the name our link just won (two links won); "
+                        "removing it so that one remains", self.name, final.name)
+            try:
+                os.unlink(final)
+            except OSError as exc:
+                if exc.errno not in _GONE:
+                    return False
+        return False
+
+    def _link(self, tmp_path: str, final: Path) -> bool:
+        """``link()`` the temporary to its final name (``rename`` where there are no hard links); True if ours
+        is the file now there, False if the name was taken. The temporary is left for the caller to unlink.
+
+        A fan-out folder made a moment ago by another node can read as missing or stale on this client
+        (ENOENT/ESTALE from ``link``), and one emptied by an eviction is removed (:meth:`_prune_dirs`), possibly
+        between our ``mkdir`` and our ``link``: the folders are made again and the link retried (up to
+        ``_LINK_TRIES`` times: each retry needs another eviction emptying that very folder in that window)."""
+        d = os.path.dirname(final)
+        for attempt in range(_LINK_TRIES):
+            try:
+                if attempt or d not in self._made_dirs:
+                    mkdir_private(d)
+                    self._made_dirs.add(d)
+                if self._link_ok:
+                    try:
+                        os.link(tmp_path, final)
+                        return True
+                    except FileExistsError:
+                        return False
+                    except OSError as exc:
+                        if exc.errno not in (errno.EPERM, errno.EOPNOTSUPP, errno.ENOSYS, errno.EMLINK):
+                            raise
+                        self._link_ok = False  # no hard links here: rename (replaces identical bytes)
+                os.rename(tmp_path, final)
+                return True
+            except OSError as exc:
+                if exc.errno not in _GONE or attempt == _LINK_TRIES - 1:
+                    raise
+                self._made_dirs.discard(d)
+        raise AssertionError("unreachable")
 
     # -- removal --------------------------------------------------------------------------------------------
     def _delete_file(self, key: bytes) -> None:
@@ -562,6 +762,22 @@ class DirectoryTier:
         except OSError as exc:
             if exc.errno not in _GONE:  # already gone (a peer deleted it, a stale handle): what we wanted
                 raise
+        self._prune_dirs(key)
+
+    def _prune_dirs(self, key: bytes) -> None:
+        """Remove the key's fan-out folders (``chunks/ab/cd``, then ``chunks/ab``) if its file was their last.
+
+        Why: folders were never removed, so a tier that had held many keys kept up to 65,536 empty folders: an
+        ext4 out of inodes refused every create, and the store would not open. ``rmdir`` only removes an empty
+        folder, so this never takes a file; a publish into the folder at that moment finds it gone (ENOENT from
+        ``link``) and makes it again (:meth:`_link` retries)."""
+        d2 = self.path_for(key).parent
+        self._made_dirs.discard(str(d2))
+        for d in (d2, d2.parent):
+            try:
+                os.rmdir(d)
+            except OSError:
+                return  # not empty (ENOTEMPTY, EEXIST), gone already, or a failing tier: leave it
 
     def drop(self, key: bytes, *, unlink: bool = True, log_delete: bool = True) -> None:
         """Remove a key from this tier (its file too, unless it is already gone). ``log_delete=False``: forget
@@ -574,8 +790,9 @@ class DirectoryTier:
             known = key in self.index and not busy
             if known:
                 self._dropping.add(key)
-                if key in self._own or key in self._adopted:
+                if (key in self._own or key in self._adopted) and key not in self._held:
                     self.policy.on_remove(key)
+                self._held.discard(key)
                 if key in self._own:
                     self._used -= self._own.pop(key)
                 self._adopted.discard(key)
@@ -594,13 +811,22 @@ class DirectoryTier:
             with self._lock:
                 self._dropping.discard(key)
 
-    def quarantine(self, key: bytes, reason: str) -> None:
-        """Move a chunk that failed verification out of the way (kept for inspection) and forget it."""
+    def quarantine(self, key: bytes, reason: str, *, ino: int | None = None) -> None:
+        """Move a chunk that failed verification out of the way (kept for inspection) and forget it. ``ino``:
+        the inode that was found bad; if the name holds another file by now (the key removed and put again
+        since), that file is left alone."""
         src = self.path_for(key)
+        if ino is not None:
+            try:
+                if os.lstat(src).st_ino != ino:
+                    return
+            except OSError:
+                return  # gone already: the read that failed was a miss
         dst = self.root / "quarantine" / f"{key.hex()}.{int(time.time())}.kvc"
         try:
             os.rename(src, dst)
             _write_private(self.root / "quarantine" / (dst.name + ".why"), (reason + "\n").encode())
+            self._prune_dirs(key)
         except OSError:
             self._delete_file(key)
         self.counters.corrupt_chunks += 1

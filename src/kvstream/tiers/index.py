@@ -54,6 +54,7 @@ again, when the first-publish-wins link finds it. ``kvstream verify`` reports bo
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import fcntl
 import logging
@@ -156,30 +157,95 @@ def _stem(name: str) -> str:
     return name.rsplit(".", 1)[0]
 
 
-def _decode_log(data: bytes) -> Iterator[IndexRecord]:
-    """Valid records of a log; stops at the first torn or foreign record (only the tail can be torn)."""
-    n = len(data) // _REC_BYTES
-    if n == 0:
-        return
-    arr = np.frombuffer(data, dtype=_LOG_DTYPE, count=n)
+@dataclass(slots=True)
+class LogScan:
+    """What one read of a log holds: its valid ``records`` in order; ``end``, the offset just past the last of
+    them (where the next read of a growing log starts); ``damaged``, bytes skipped *between* valid records (a bit
+    flip, a zeroed hole, foreign bytes: damage, never a torn tail); ``holes``, where each damaged stretch began
+    and how long it was; ``tail_junk``, bytes after ``end`` that are not zeros (a torn last record)."""
+
+    records: list[IndexRecord]
+    end: int = 0
+    damaged: int = 0
+    holes: list[tuple[int, int]] = dataclasses.field(default_factory=list)
+    tail_junk: int = 0
+
+    @property
+    def damaged_records(self) -> int:
+        return -(-self.damaged // _REC_BYTES)
+
+
+def _decode_at(raw: memoryview, off: int) -> IndexRecord | None:
+    """The record at byte ``off`` if it is a valid one (magic, checksum, fields), else None."""
+    body = raw[off : off + _REC.size]
+    if len(body) < _REC.size or bytes(body[:4]) not in (_MAGIC, _MAGIC2):
+        return None
+    if xxhash.xxh32_intdigest(body) != int.from_bytes(raw[off + _REC.size : off + _REC_BYTES], "little"):
+        return None
+    magic, op, klen, size, t, key = _REC.unpack_from(raw, off)
+    if op not in (OP_PUT, OP_DEL) or not 0 < klen <= 64:  # checksummed but not ours: foreign
+        return None
+    if magic == _MAGIC2:
+        if t == 0:  # a new record always has a gen: checksummed but not ours
+            return None
+        return IndexRecord(op, key[:klen], size, 0, t)
+    return IndexRecord(op, key[:klen], size, t)
+
+
+def _next_magic(data: bytes, start: int) -> int:
+    hits = [i for i in (data.find(_MAGIC2, start), data.find(_MAGIC, start)) if i >= 0]
+    return min(hits) if hits else -1
+
+
+def _scan_log(data: bytes, *, resync_zeros: bool = True, whole: bool = False) -> LogScan:
+    """Every valid record of a log, resyncing past damage: a record that fails its checksum (or is foreign)
+    mid-log no longer hides every record after it (a bit flip hid 139 of 200 chunks, silently). After a bad
+    record the scan moves to the next place a record's magic appears (aligned or not: bytes inserted or lost
+    shift the rest) and takes the first valid record from there.
+
+    Zeros are the end of what a writer has written (its reserve, or a crash) unless valid records follow them;
+    ``resync_zeros=False`` (a log whose writer is alive, read while it grows) stops at zeros instead: a network
+    file system's client may serve zeros it cached for a stretch another client has written since, with fresh
+    records after it, and skipping that stretch would lose its records for good (it is read again next time).
+    ``whole=True``: a closed log, whose writer cut its reserve off at ``close()``; anything after its last valid
+    record (zeros included) is damage too, not a tail still being written.
+    Never raises; sizes come only from the data itself."""
     raw = memoryview(data)
-    for j in range(n):
-        off = j * _REC_BYTES
-        body = raw[off : off + _REC.size]
-        magic = arr["magic"][j]
-        if magic not in (_MAGIC, _MAGIC2) or xxhash.xxh32_intdigest(body) != int(arr["sum"][j]):
-            return
-        klen = int(arr["klen"][j])
-        if arr["op"][j] not in (OP_PUT, OP_DEL) or not 0 < klen <= 64:  # checksummed but not ours: foreign
-            return
-        key = bytes(raw[off + 24 : off + 24 + klen])
-        t = int(arr["time"][j])
-        if magic == _MAGIC2:
-            if t == 0:  # a new record always has a gen: checksummed but not ours
-                return
-            yield IndexRecord(int(arr["op"][j]), key, int(arr["size"][j]), 0, t)
-        else:
-            yield IndexRecord(int(arr["op"][j]), key, int(arr["size"][j]), t)
+    n = len(data)
+    out = LogScan([])
+    off = 0
+    gap: int | None = None  # where the current damaged stretch began
+    while off + _REC_BYTES <= n:
+        rec = _decode_at(raw, off)
+        if rec is not None:
+            if gap is not None:
+                out.damaged += off - gap
+                out.holes.append((gap, off - gap))
+                gap = None
+            out.records.append(rec)
+            off += _REC_BYTES
+            out.end = off
+            continue
+        if gap is None:
+            if not resync_zeros and not raw[off : off + _REC_BYTES].tobytes().strip(b"\0"):
+                break
+            gap = off
+        nxt = _next_magic(data, off + 1)
+        if nxt < 0:
+            break
+        off = nxt
+    rest = data[out.end :]
+    if whole and rest:
+        out.damaged += len(rest)
+        out.holes.append((out.end, len(rest)))
+    else:
+        out.tail_junk = len(rest) if rest.strip(b"\0") else 0
+    return out
+
+
+def _decode_log(data: bytes) -> Iterator[IndexRecord]:
+    """Valid records of a log, skipping damaged ones (:func:`_scan_log`); never raises."""
+    yield from _scan_log(data).records
 
 
 @dataclass(slots=True)
@@ -236,7 +302,10 @@ class TierIndex:
     ever compacted or deleted by us."""
 
     def __init__(self, folder: Path, *, node_id: str, writable: bool = True, node_uid: str | None = None,
-                 lease_expiry_s: float = LEASE_EXPIRY_S, covered_grace_s: float = COVERED_LOG_GRACE_S) -> None:
+                 lease_expiry_s: float = LEASE_EXPIRY_S, covered_grace_s: float = COVERED_LOG_GRACE_S,
+                 load: bool = True) -> None:
+        """``writable``: hold a lease, compact, and append to a log of our own; else only read. ``load=False``
+        (with ``writable=False``): an empty index that never touched the folder (a tier that is down)."""
         self.folder = folder
         self.node_id = "".join(c if c.isalnum() or c in "-_." else "_" for c in node_id)[:40] or "node"
         # Used alone (tests, tools) without a persisted id, the label stands in for it, hashed to the id's form.
@@ -261,6 +330,8 @@ class TierIndex:
         self.reloads = 0  # full reloads after a snapshot changed or a log vanished (see refresh)
         self.load_retries = 0  # loads listed again because a file vanished under them (see _load)
         self.append_errors = 0  # records that could not be appended to our log (see _append)
+        self._holes: dict[tuple[str, int], int] = {}  # (log stem, offset) -> bytes of damage found there
+        self.damaged_snapshots: set[str] = set()  # snapshots that failed their checks at the last load
         self._own_size = 0  # bytes of whole records in our log; the reserve beyond it is zeros
         self._reserved = 0  # bytes allocated to our log (>= _own_size when reservation works)
         t0 = time.perf_counter()
@@ -276,7 +347,7 @@ class TierIndex:
                 self.lease.close()
                 raise
             self._reserve()
-        else:
+        elif load:
             with self._lock:
                 self._load()
         self.load_seconds = time.perf_counter() - t0
@@ -402,9 +473,12 @@ class TierIndex:
             return []
         legacy: list[IndexRecord] = []
         new: list[tuple[str, list[IndexRecord]]] = []
+        live: dict[str, str] | None = None
         for name in logs:
             if name == self._own_name or name in self._covered:  # a covered log's records came with its snapshot
                 continue
+            if live is None:
+                live = self.lease.live()
             stem = _stem(name)
             start = self._tails.get(stem, 0)
             try:
@@ -414,9 +488,10 @@ class TierIndex:
                     self._reload()
                     return []
                 continue  # an unreadable log is a failing tier: its reads report that; try again next time
-            whole = len(data) // _REC_BYTES * _REC_BYTES
-            recs = list(_decode_log(data[:whole]))
-            self._tails[stem] = start + len(recs) * _REC_BYTES
+            scan = _scan_log(data, resync_zeros=self._finished(name, live), whole=name.endswith(".closed"))
+            self._note_damage(name, scan, start)
+            recs = scan.records
+            self._tails[stem] = start + scan.end
             owner = log_owner(name)
             if owner is None:
                 legacy += recs
@@ -430,6 +505,73 @@ class TierIndex:
                 for rec in recs:
                     self._apply(rec, uid)
         return legacy + [r for _, recs in new for r in recs]
+
+    def _finished(self, name: str, live: dict[str, str]) -> bool:
+        """True if no live writer appends to log ``name`` (closed, or its writer's lease is gone): zeros in it
+        are then damage, not a stretch not visible yet (see :func:`_scan_log`)."""
+        owner = log_owner(name)
+        return name.endswith(".closed") or owner is None or f"{owner[0]}-{owner[1]}" not in live
+
+    def _note_damage(self, name: str, scan: LogScan, start: int) -> None:
+        """Count and warn (once per stretch) about damage found mid-log."""
+        stem = _stem(name)
+        for off, length in scan.holes:
+            hole = (stem, start + off)
+            if hole in self._holes:
+                continue
+            self._holes[hole] = length
+            log.warning("index %s: %s: %d B of damaged records at byte %d (skipped; the records after them are "
+                        "read); `kvstream verify` reports it, `--repair` relists chunks a lost record hid",
+                        self.folder, name, length, start + off)
+
+    @property
+    def damaged_records(self) -> int:
+        """Index records found damaged mid-log so far (each stretch counted once), a counter."""
+        return sum(-(-n // _REC_BYTES) for n in self._holes.values())
+
+    @property
+    def damaged(self) -> bool:
+        """The last load met a damaged snapshot or a damaged log record: puts may be lost, chunk files may be
+        unlisted (orphans) until the index is rebuilt from the files."""
+        return bool(self.damaged_snapshots or self._holes)
+
+    def own_damage(self) -> bool:
+        """Damage was found in this node's own snapshot or logs (which only this node may rewrite)."""
+        return f"{self.uid}{SNAPSHOT_SUFFIX}" in self.damaged_snapshots or any(
+            (o := log_owner(stem + ".log")) is not None and o[0] == self.uid for stem, _off in self._holes)
+
+    def set_aside_snapshot(self, name: str, dest: Path) -> bool:
+        """Move this node's damaged snapshot ``name`` out of the index folder into ``dest`` (kept for
+        inspection), once a second read after a pause confirms the damage (a network file system's client can
+        serve a stale copy that fails its checksum for a moment). True if moved. Its entries are then listed
+        again from the logs it covered (still there, read since it is gone) and the chunk files (the caller
+        relists orphans); this node's next compaction writes a new snapshot."""
+        if not name.startswith(self.uid):
+            return False  # another node's: never ours to move (`kvstream verify --repair` does)
+        path = self.folder / name
+        time.sleep(0.2)
+        try:
+            _parse_snapshot(_read_fresh(path), name)
+            return False  # reads fine now: it was a stale copy
+        except FileNotFoundError:
+            return False
+        except (OSError, ValueError):
+            pass
+        mkdir_private(dest)
+        try:
+            os.rename(path, dest / f"{name}.{int(time.time())}.damaged")
+        except OSError as exc:
+            log.warning("index %s: cannot move the damaged snapshot %s aside: %s", self.folder, name, exc.strerror)
+            return False
+        self.damaged_snapshots.discard(name)
+        log.warning("index %s: damaged snapshot %s moved to %s; rebuilt from the logs and the chunk files",
+                    self.folder, name, dest)
+        return True
+
+    def compact_now(self) -> None:
+        """Compact (as at open) and reload: after a damaged snapshot was set aside, a new one is written."""
+        self._compact()
+        self._reload()
 
     def _reload(self) -> None:
         with self._lock:
@@ -524,14 +666,21 @@ class TierIndex:
         covered: set[str] = set()
         self._covered = covered  # filled below, as each snapshot is read: refresh() must skip the same logs
         dels: list[tuple[IndexRecord, str]] = []
+        live: dict[str, str] | None = None
+        self.damaged_snapshots = set()
         for name in snaps:
             try:
                 snap = _parse_snapshot(_read_fresh(self.folder / name), name)
             except OSError as exc:
                 whole_view = whole_view and exc.errno not in (errno.ENOENT, errno.ESTALE)
                 continue
-            except ValueError:
-                continue  # a damaged snapshot only costs the entries it held (a cache, re-written later)
+            except ValueError as exc:
+                # Its entries are lost to this load; the logs it covered are read instead (its covered list is
+                # unknown). Its owner replaces it at open (rebuilt from its logs and the chunk files:
+                # DirectoryTier._rebuild), `kvstream verify --repair` moves it aside.
+                self.damaged_snapshots.add(name)
+                log.warning("index %s: %s", self.folder, exc)
+                continue
             owner = "" if name == _LEGACY_SNAPSHOT else name[: -len(SNAPSHOT_SUFFIX)]
             covered |= snap.covered
             for key, gen, size in snap.entries:
@@ -546,9 +695,12 @@ class TierIndex:
             except OSError as exc:
                 whole_view = whole_view and exc.errno not in (errno.ENOENT, errno.ESTALE)
                 continue
-            whole = len(data) // _REC_BYTES * _REC_BYTES
-            got = list(_decode_log(data[:whole]))
-            self._tails[_stem(name)] = len(got) * _REC_BYTES
+            if live is None:
+                live = self.lease.live()
+            scan = _scan_log(data, resync_zeros=self._finished(name, live), whole=name.endswith(".closed"))
+            self._note_damage(name, scan, 0)
+            got = scan.records
+            self._tails[_stem(name)] = scan.end
             writer = log_owner(name)
             if writer is None:
                 legacy += got
@@ -668,8 +820,9 @@ class TierIndex:
         entries = {(k, g): size for k, g, size in snap.entries}
         tombs = dict.fromkeys(snap.tombs)
         for name in closed:
-            data = _read_fresh(self.folder / name)
-            for rec in _decode_log(data[: len(data) // _REC_BYTES * _REC_BYTES]):
+            scan = _scan_log(_read_fresh(self.folder / name), whole=name.endswith(".closed"))
+            self._note_damage(name, scan, 0)
+            for rec in scan.records:
                 if rec.op == OP_PUT:
                     entries[(rec.key, rec.gen)] = rec.file_size
                 elif not rec.gen:  # an older-style delete: every listing of ours; nothing to keep for others

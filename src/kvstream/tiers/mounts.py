@@ -1,0 +1,74 @@
+"""Is a tier's folder on the file system it is meant to be on? (Checked at open, before anything is created.)
+
+Why: a shared tier lives on a mounted network or parallel file system (``/lustre/kvstream``). If a node starts
+before that file system is mounted, its mount point is an empty folder on the root disk, and with
+``create_dirs`` (LMCache's default) the store used to create the tier there and run as if it were shared: every
+copy written to the root disk, invisible to the other nodes, and hidden under the real mount once it comes up.
+
+The check looks at the file system that holds the tier folder, or would hold it: that of the folder's nearest
+existing ancestor (``st_dev``), and finds that file system's mount point (the highest ancestor on the same
+device, stopping at a mount point). With ``require_mount`` (the default for ``shared: true`` tiers) that mount
+point must not be ``/``: a tier folder on the root file system is refused. With ``mount_point: PATH`` the file
+system must be the one mounted exactly at PATH. Nothing is created when the check fails.
+
+Limits: a file system mounted elsewhere than ``/`` but not the intended one (``/var`` on its own disk, the tier
+meant for ``/var/lib/pfs``) passes ``require_mount``; name the mount with ``mount_point`` for that.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+__all__ = ["nearest_existing", "mount_point_of", "mount_problem"]
+
+
+def nearest_existing(path: Path) -> Path:
+    """``path`` if it exists, else its nearest existing ancestor. Raises ``OSError`` if one cannot be looked
+    at (a dead FUSE mount: ENOTCONN)."""
+    p = Path(os.path.abspath(path))
+    while True:
+        try:
+            os.stat(p)
+            return p
+        except FileNotFoundError:
+            if p.parent == p:
+                return p
+            p = p.parent
+
+
+def mount_point_of(path: Path) -> Path:
+    """The mount point of the file system holding the existing ``path`` (symbolic links resolved)."""
+    p = Path(os.path.realpath(path))
+    dev = os.stat(p).st_dev
+    while p.parent != p:
+        if os.path.ismount(p):
+            return p
+        if os.stat(p.parent).st_dev != dev:
+            return p
+        p = p.parent
+    return p
+
+
+def mount_problem(folder: Path, *, require_mount: bool, mount_point: str | None) -> str | None:
+    """Why the tier folder ``folder`` is not (or would not be) on the file system it must be on, or None.
+    Raises ``OSError`` if the folder's ancestors cannot be examined."""
+    if not require_mount and mount_point is None:
+        return None
+    here = nearest_existing(folder)
+    mp = mount_point_of(here)
+    what = "is" if here == Path(os.path.abspath(folder)) else f"would be created (under {here})"
+    if mount_point is not None:
+        want = Path(os.path.abspath(mount_point))
+        if not os.path.ismount(want):
+            return (f"{folder} must be on the file system mounted at {want} (mount_point), but nothing is mounted "
+                    f"there: mount it, then open the store again (nothing was created)")
+        if mp != Path(os.path.realpath(want)):
+            return (f"{folder} {what} on the file system mounted at {mp}, not on the one mounted at {want} "
+                    "(mount_point): nothing was created")
+        return None
+    if mp == Path("/"):
+        return (f"{folder} {what} on the root file system (/), not on a mounted file system: is the file system "
+                "meant for this tier mounted? Mount it and open the store again (nothing was created), or set "
+                "require_mount: false if this tier is meant to be on the root disk")
+    return None
