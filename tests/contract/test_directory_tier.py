@@ -1,5 +1,19 @@
 """The tier contract's conformance suite (kvstream.testing.tier) on DirectoryTier: a node-local tier (io_uring
-where it works, and the thread pool), one with buffered I/O, and a shared one (two nodes on one folder)."""
+where it works, and the thread pool), one with buffered I/O, and a shared one (two nodes on one folder).
+
+Mutation checks (done when the suite was written; each rule broken alone, the named tests fail):
+- publish by ``rename`` instead of ``link`` (replaces): the first-publish-wins, lost-republish and racing
+  publishers tests;
+- ``recheck.read_size`` not capped by the capacity: the file-that-lies-about-its-size test;
+- no regular-file check in ``_open_regular`` (buffered I/O: O_DIRECT refuses a FIFO by itself): the FIFO test;
+- ``_list_orphan`` listing a dead writer's temporary without checking that its link won: the killed-writer test;
+- ``_delete_file`` emptying the file before unlinking it: the open-descriptor and racing-readers tests;
+- ``reserve`` not counting reservations: the reserve/unreserve test;
+- pins: ``hold`` leaving the chunk in the policy *and* ``_take_victim`` not skipping pinned keys: the pinned-chunk
+  test (each of the two protections alone is enough: removing one leaves it passing);
+- ``SimTier.publish`` without its first-wins check: the first-publish-wins and lost-republish tests
+  (``test_sim_tier.py``).
+"""
 
 from __future__ import annotations
 
