@@ -14,7 +14,8 @@ from kvstream.config import TierConfig
 from kvstream.io.engine import IOEngine, make_engine
 from kvstream.io.faults import Fault, FaultPlan, FaultyEngine
 from kvstream.io.throttle import ThrottledEngine
-from kvstream.testing.tier import CHUNK, TierConformance
+from kvstream.testing.tier import CHUNK, TierConformance, key, payload
+from kvstream.testing.tier_io import Failed, read_chunk
 from kvstream.tiers.files import DirectoryTier
 
 
@@ -44,3 +45,10 @@ class TestFaultyDirectoryTier(_Wrapped):
                           Fault(kind="eio", rings="t-r", p=0.1), Fault(kind="short", rings="t-r", p=0.1),
                           Fault(kind="flip", rings="t-r", p=0.1)], seed=22)
         return FaultyEngine(make_engine("threads"), plan)
+
+    def test_the_faults_are_real(self, tier: DirectoryTier) -> None:
+        """Not a conformance test: the wrapper does inject (some of 60 reads fail), and each failure is clean."""
+        assert self.put(tier, key(0), payload(0)) is True
+        outcomes = [read_chunk(tier, key(0)) for _ in range(60)]
+        assert any(isinstance(o, Failed) for o in outcomes), "no read failed: the faults are not injected"
+        assert all(o == payload(0) or isinstance(o, Failed) for o in outcomes)
