@@ -12,7 +12,9 @@ Mutation checks (done when the suite was written; each rule broken alone, the na
 - pins: ``hold`` leaving the chunk in the policy *and* ``_take_victim`` not skipping pinned keys: the pinned-chunk
   test (each of the two protections alone is enough: removing one leaves it passing);
 - ``SimTier.publish`` without its first-wins check: the first-publish-wins and lost-republish tests
-  (``test_sim_tier.py``).
+  (``test_sim_tier.py``);
+- the state machine (``test_matches_the_model``) fails on its own with publish replacing, with ``drop`` not giving
+  back the chunk's bytes, and (``SimTier``) with ``fit`` evicting the newest chunk instead of the policy's victim.
 """
 
 from __future__ import annotations

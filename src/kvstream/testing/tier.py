@@ -38,6 +38,7 @@ import pytest
 from kvstream.format import file_size
 from kvstream.testing.tier_io import IO_TIMEOUT_S, Failed, Miss, Refused, read_chunk, read_open, write_chunk, \
     write_temp
+from kvstream.testing.tier_model import run_model
 from kvstream.tiers.contract import FileTier, ModelledTier, Tier
 
 __all__ = ["TierConformance", "PAYLOAD", "CHUNK", "payload", "key"]
@@ -183,6 +184,12 @@ class TierConformance:
         assert tier.used_bytes == CHUNK * len(held)
         for i in held[-2:]:
             self.expect(tier, key(i), payload(i))
+
+    def test_matches_the_model(self, tier_root: Path) -> None:
+        """Random publishes, republishes, drops and reopens (hypothesis' state machine) against an LRU model:
+        :mod:`kvstream.testing.tier_model`."""
+        run_model(lambda folder: self.open_tier(folder), tier_root, capacity=self.capacity_chunks, chunk=CHUNK,
+                  payload=payload, key=key, read_faults=self.read_faults)
 
     # -- file tiers: capacity -------------------------------------------------------------------------------
     def test_reserve_refuses_what_can_never_fit(self, tier: Tier[Any]) -> None:
