@@ -251,7 +251,7 @@ def run_read_bench(cfg: ReadBenchConfig, progress: Any = None) -> dict[str, Any]
                 if progress is not None:
                     progress(rep + 1, cfg.repeat)
             engine_name = store.engine.name
-            direct = {t.name: t.direct for t in store.tiers}
+            direct = {t.name: t.capabilities.direct_io for t in store.tiers}
         if not cfg.keep:
             for _, p in cfg.tiers:
                 for sub in ("chunks", "index", "tmp", "quarantine"):

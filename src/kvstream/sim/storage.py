@@ -49,7 +49,7 @@ from __future__ import annotations
 from collections import OrderedDict, deque
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol, cast
+from typing import Any, ClassVar, Protocol, cast
 
 from kvstream.eviction import AccessMeta, EvictionPolicy, eviction_options, make_eviction_policy
 from kvstream.compute import ComputePolicy, leading_computed, split_load
@@ -61,6 +61,7 @@ from kvstream.routing import ReadRouter
 from kvstream.serving.core import LoadDone, WriteChunks
 from kvstream.sim.devices import READ, WRITE, Device
 from kvstream.sim.engine import PRIO_IO, EventLoop
+from kvstream.tiers.contract import TierCapabilities
 
 __all__ = ["SimTier", "SimStorage", "chunk_key"]
 
@@ -82,7 +83,12 @@ class _PrefixLenPolicy(Protocol):
 
 @dataclass
 class SimTier:
-    """A disk tier of one node: a device (possibly shared with other nodes) and this node's capacity on it."""
+    """A disk tier of one node: a device (possibly shared with other nodes) and this node's capacity on it.
+
+    Implements :class:`kvstream.tiers.contract.ModelledTier` (conformance: ``tests/contract/test_sim_tier.py``):
+    a chunk is published when its modelled write lands, first wins (a chunk already here keeps its place in the
+    eviction order), and :meth:`fit` evicts down to ``capacity_chunks`` after a batch has landed. Its contents are
+    this node's own even on a shared device (no other node's chunks become visible here): not ``shared``."""
 
     name: str
     device: Device
@@ -91,11 +97,12 @@ class SimTier:
     capacity_chunks: int | None = None  # None = unlimited; else this node's chunks are evicted (``eviction``)
     client: int = 0  # this node's client id on a shared device
     eviction: str = "lru"  # the store's tier eviction policy name (kvstream.eviction)
-    # chunk id -> None (the tier's contents)
-    chunks: OrderedDict[Hashable, None] = field(default_factory=OrderedDict)
+    # chunk id -> its bytes (the tier's contents); only publish() and fit() change it
+    chunks: OrderedDict[Hashable, int] = field(default_factory=OrderedDict)
     write_q: deque[list[Hashable]] = field(default_factory=deque)
     writes_inflight: int = 0
-    policy: EvictionPolicy | None = None  # built by SimStorage when capacity_chunks is set
+    policy: EvictionPolicy | None = None  # built by setup() when capacity_chunks is set
+    chunk_bytes: int = 0  # bytes per chunk, set by setup(): capacity_bytes = capacity_chunks × chunk_bytes
     read_bytes: int = 0  # bytes this node read here (duplicates included)
     dup_bytes: int = 0
     write_bytes: int = 0
@@ -103,6 +110,61 @@ class SimTier:
     backlog_bytes: int = 0  # write bytes queued or in flight (the store's write backlog)
     skipped_backlog: int = 0  # second copies skipped at flush by the backlog valve (owed)
     catch_up_reads: int = 0  # owed chunks read back from this tier to copy them elsewhere
+    _used: int = field(default=0, init=False, repr=False)  # invariant: the sum of chunks' sizes
+
+    _CAPABILITIES: ClassVar[TierCapabilities] = TierCapabilities(modelled=True)
+
+    def setup(self, chunk_bytes: int) -> None:
+        """Size the tier for chunks of ``chunk_bytes`` (the store's): its eviction policy, if it has a capacity,
+        counts bytes like the store's."""
+        self.chunk_bytes = chunk_bytes
+        if self.capacity_chunks is not None and self.policy is None:
+            cap = self.capacity_chunks * chunk_bytes
+            self.policy = make_eviction_policy(self.eviction, **eviction_options(self.eviction, cap))
+
+    # -- the tier contract (kvstream.tiers.contract.ModelledTier) -------------------------------------------
+    @property
+    def capabilities(self) -> TierCapabilities:
+        return self._CAPABILITIES
+
+    def contains(self, key: Hashable) -> bool:
+        return key in self.chunks
+
+    def file_size(self, key: Hashable) -> int | None:
+        return self.chunks.get(key)
+
+    @property
+    def capacity_bytes(self) -> int | None:
+        return None if self.capacity_chunks is None else self.capacity_chunks * self.chunk_bytes
+
+    @property
+    def used_bytes(self) -> int:
+        return self._used
+
+    def publish(self, key: Hashable, nbytes: int, *, now: float) -> bool:
+        """The chunk's write landed: listed (and in the eviction policy) unless it was here first (False)."""
+        if key in self.chunks:
+            return False
+        if self.policy is not None:
+            self.policy.on_insert(key, nbytes, now=now)
+        self.chunks[key] = nbytes
+        self._used += nbytes
+        return True
+
+    def fit(self, *, now: float) -> int:
+        """Evict in the policy's order until at most ``capacity_chunks`` are held; returns the chunks evicted."""
+        if self.policy is None or self.capacity_chunks is None:
+            return 0
+        n = 0
+        while len(self.chunks) > self.capacity_chunks:
+            victim = self.policy.victim(now=now)
+            if victim is None:
+                break
+            self.policy.on_remove(victim)
+            self._used -= self.chunks.pop(victim)
+            n += 1
+        self.evicted += n
+        return n
 
 
 class _Load:
@@ -180,9 +242,7 @@ class SimStorage:
         self.copy_orders = 0
         self._sets = [t.chunks for t in self.tiers]
         for t in self.tiers:
-            if t.capacity_chunks is not None and t.policy is None:
-                cap = t.capacity_chunks * self.chunk_bytes
-                t.policy = make_eviction_policy(t.eviction, **eviction_options(t.eviction, cap))
+            t.setup(self.chunk_bytes)
         self.read_log: list[tuple[float, float, float, int, tuple[int, ...]]] = []  # (start, s, bound s, bytes, per tier)
         self.busy_log: list[tuple[float, ...]] = []  # per load in read_log: each tier's busy seconds in its step
         # The write backlog valve, per tier (None: off); see the module docstring.
@@ -616,25 +676,15 @@ class SimStorage:
         tier.writes_inflight -= 1
         tier.write_bytes += len(chunks) * self.chunk_bytes
         tier.backlog_bytes -= len(chunks) * self.chunk_bytes
-        s = tier.chunks
         for c in chunks:
-            if tier.policy is not None and c not in s:
-                tier.policy.on_insert(c, self.chunk_bytes, now=self.loop.now)
-            s[c] = None
+            tier.publish(c, self.chunk_bytes, now=self.loop.now)
             left = self._write_left[c] - 1
             if left:
                 self._write_left[c] = left
             else:
                 del self._write_left[c]
             self._unpin(c)
-        if tier.policy is not None:
-            while len(s) > tier.capacity_chunks:  # type: ignore[operator]
-                victim = tier.policy.victim(now=self.loop.now)
-                if victim is None:
-                    break
-                tier.policy.on_remove(victim)
-                del s[victim]
-                tier.evicted += 1
+        tier.fit(now=self.loop.now)  # once the whole batch has landed (as before: one of its chunks may go)
         self._pump_writes(t)
 
     def prewarm(self, chunk_ids: Sequence[Hashable], tiers: Sequence[str] | None = None) -> None:
@@ -645,10 +695,7 @@ class SimStorage:
             for t in self.replication.targets(WriteIntent(key=chunk_key(c), nbytes=self.chunk_bytes, position=j), n_t):
                 if tiers is not None and self.tiers[t].name not in tiers:
                     continue
-                pol = self.tiers[t].policy
-                if pol is not None and c not in self._sets[t]:
-                    pol.on_insert(c, self.chunk_bytes)
-                self._sets[t][c] = None
+                self.tiers[t].publish(c, self.chunk_bytes, now=0.0)  # before the run: time 0; no eviction
 
     # -- reports --------------------------------------------------------------------------------------------
     def busy(self) -> bool:

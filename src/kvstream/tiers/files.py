@@ -40,6 +40,7 @@ from kvstream.errors import CONFIG_ERRNOS, GONE, WRITE_RETRY, ConfigError, TierE
 from kvstream.eviction import EvictionPolicy, eviction_options, make_eviction_policy
 from kvstream.io.buffers import ALIGN, AlignedBuffer
 from kvstream.io.engine import IOEngine, Ring
+from kvstream.tiers.contract import TierCapabilities
 from kvstream.tiers.index import OP_DEL, OP_PUT, TierIndex
 from kvstream.tiers.mounts import mount_problem
 from kvstream.tiers.pins import Pins
@@ -107,7 +108,8 @@ def _write_private(path: Path, data: bytes) -> None:
 
 
 class DirectoryTier:
-    """One tier folder: layout, index, capacity, atomic publish, and its read and write rings."""
+    """One tier folder: layout, index, capacity, atomic publish, and its read and write rings. Implements
+    :class:`kvstream.tiers.contract.FileTier` (conformance: ``tests/contract/test_directory_tier.py``)."""
 
     def __init__(self, cfg: TierConfig, *, index: int, engine: IOEngine, node_id: str, create: bool,
                  field_prefix: str, node_uid: str | None = None, pins: Pins | None = None, down: str = "") -> None:
@@ -354,6 +356,18 @@ class DirectoryTier:
     @property
     def used_bytes(self) -> int:
         return self._used
+
+    @property
+    def capacity_bytes(self) -> int:
+        """This node's quota on the tier (``TierConfig.capacity_bytes``)."""
+        return self.cfg.capacity_bytes
+
+    @property
+    def capabilities(self) -> TierCapabilities:
+        """Real files (O_DIRECT where the probe at open found it works), durable (chunks and the index are files),
+        shared if configured so, pins honoured (:meth:`hold`)."""
+        return TierCapabilities(modelled=False, direct_io=self.direct, shared=self.cfg.shared, durable=True,
+                                pins=True)
 
     def maybe_refresh(self, min_interval_s: float = 1.0) -> None:
         """On a shared tier, pick up other nodes' puts and deletes (at most once per interval), and which nodes
