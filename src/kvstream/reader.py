@@ -41,6 +41,7 @@ from kvstream.eviction import AccessMeta
 from kvstream.format import HEADER_BYTES, ChunkHeader, decode_header, verify_payload
 from kvstream.io.buffers import AlignedBuffer, CallerBuffer
 from kvstream.io.engine import IOOp, OpKind
+from kvstream.stats import ReaderCounters
 from kvstream.read_step import (Busy, ChunkState, Compute, ComputePlan, Deliver, Lost, Open, ReadState, ReadStep,
                                 Release, Stalled, Submit)
 from kvstream.tiers.memory import MemEntry
@@ -133,6 +134,7 @@ class Reader:
 
     def __init__(self, store: "Store") -> None:
         self.store = store
+        self.counters = ReaderCounters()  # this reader's figures (Store.stats() copies them)
         self._openers = [ThreadPoolExecutor(max_workers=_OPEN_THREADS, thread_name_prefix=f"kvs-open-{t.name}")
                          for t in store.tiers]
         # Reads still in flight when their step ended (the other replica won, or the tier is stalled), per tier:
@@ -320,7 +322,7 @@ class Reader:
                 if out is not None:
                     outcomes.append(out)
             elif isinstance(a, Busy):
-                self.store._c["read_into_abandoned"] += 1
+                self.counters.read_into_abandoned += 1
                 outcomes.append(ReadOutcome(a.chunk, "busy"))
             elif isinstance(a, Lost):
                 pass  # reported at the end, with those lost on other threads (step.chunks)
@@ -347,7 +349,7 @@ class Reader:
                 self._open_done(call, tag, None, None)
                 return
             if a.hedged:
-                self.store._c["hedged_reads"] += 1
+                self.counters.hedged_reads += 1
             if ahead is not None:  # opened ahead: submit from this thread at once (no hop, no syscall)
                 self._open_done(call, tag, ahead, None)
                 return
@@ -364,7 +366,7 @@ class Reader:
                 self.store.tiers[landed.tier].counters.duplicate_chunks += 1  # read, checked, not needed
             self._release(call, landed, late=a.late)
         elif isinstance(a, Stalled):
-            self.store._c["stalled_reads"] += 1
+            self.counters.stalled_reads += 1
             now = time.monotonic()
             with call.mu:  # since when the tier's oldest read of this step is out
                 since = min((tag.started for rid, tag in call.tags.items() if tag.tier == a.tier
@@ -581,7 +583,7 @@ class Reader:
             if header is None:
                 return False
         finally:
-            store._c["verify_seconds"] += time.perf_counter() - t0
+            self.counters.verify_seconds += time.perf_counter() - t0
         c = tier.counters
         c.read_bytes += tag.result
         c.read_chunks += 1
@@ -686,7 +688,7 @@ class Reader:
         header = tag.header
         assert header is not None
         tier = store.tiers[tag.tier]
-        store._c["disk_hits"] += call.mode != "headers"
+        self.counters.disk_hits += call.mode != "headers"
         if call.mode != "headers":
             tier.on_hit(tag.key)
         if call.mode == "headers":
@@ -695,7 +697,7 @@ class Reader:
         if call.mode == "into":
             if tag.target is not None:  # read in place: the payload is in the target, verified there
                 self._release(call, tag, late=False)
-                store._c["read_into_direct"] += 1
+                self.counters.read_into_direct += 1
                 return ReadOutcome(tag.j, "delivered", tier.name, header)
             target = call.targets[tag.j]  # type: ignore[index]
             n = header.payload_len
@@ -704,7 +706,7 @@ class Reader:
                 return ReadOutcome(tag.j, "too_small", tier.name, header)
             assert tag.buf is not None
             target.view(0, n)[:] = tag.buf.view(HEADER_BYTES, HEADER_BYTES + n)
-            store._c["read_into_copied"] += 1
+            self.counters.read_into_copied += 1
             self._keep(call, tag, header)
             return ReadOutcome(tag.j, "delivered", tier.name, header)
         payload = self._keep(call, tag, header, want_view=True)
@@ -767,6 +769,6 @@ class Reader:
                         if not rec[1]:
                             rec[1] = True
                             n_late += 1
-        self.store._c["stalled_reads"] += n_late
+        self.counters.stalled_reads += n_late
         for t, since in late.items():  # a failure only if the tier is hung, not slow (health.on_stall)
             self.store.health[t].on_stall(now, since)

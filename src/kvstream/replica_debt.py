@@ -49,6 +49,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
 from kvstream.replication import FullReplication
+from kvstream.stats import CatchUpCounters
 
 if TYPE_CHECKING:
     from kvstream.store import Store
@@ -550,8 +551,7 @@ class CatchUp:
     def __init__(self, store: "Store", owed: OwedReplicas) -> None:
         self.store = store
         self.owed = owed
-        self.copies_started = 0
-        self.reads = 0
+        self.counters = CatchUpCounters()  # its figures (Store.stats() copies them; the policy keeps its own)
         self.policy = CatchUpPolicy()
         self._wake = threading.Event()
         self._stop = threading.Event()
@@ -581,6 +581,16 @@ class CatchUp:
                     self.owed.compact()
             except Exception:  # noqa: BLE001 — the thread must outlive one bad round; the debts stay owed
                 log.exception("owed replicas: catch-up round failed")
+
+    @property
+    def copies_started(self) -> int:
+        """Owed replicas handed to the writer."""
+        return self.counters.copies_started
+
+    @property
+    def reads(self) -> int:
+        """Owed replicas read back from another tier first."""
+        return self.counters.reads
 
     @property
     def reads_deferred(self) -> int:
@@ -635,7 +645,7 @@ class CatchUp:
                     if act in (DebtAction.DEFER, DebtAction.WAIT):
                         continue
                     if act is DebtAction.READ_BACK:
-                        self.reads += 1
+                        self.counters.reads += 1
                         for _i, _chunk in store.read_chunks([key], background=True):  # lands in host memory
                             pass
                         kept = self._in_memory(key)
@@ -649,7 +659,7 @@ class CatchUp:
             policy.end_round()
         if started:
             store.flush()
-            self.copies_started += started
+            self.counters.copies_started += started
         return started
 
     def _in_memory(self, key: bytes) -> bool:

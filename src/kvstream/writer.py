@@ -36,6 +36,7 @@ from kvstream.errors import NO_SPACE, SHORTAGE, WRITE_RETRY, StoreClosedError
 from kvstream.io.buffers import AlignedBuffer
 from kvstream.io.engine import IOOp, OpKind
 from kvstream.replication import WriteIntent
+from kvstream.stats import WriterCounters
 from kvstream.tiers.files import DirectoryTier
 from kvstream.tiers.memory import MemEntry
 
@@ -73,6 +74,7 @@ class Writer:
 
     def __init__(self, store: "Store") -> None:
         self.store = store
+        self.counters = WriterCounters()  # this writer's figures (Store.stats() copies them)
         n = len(store.tiers)
         self._pending: list[_PendingWrite] = []  # guarded by store._lock
         self._writes_inflight = 0
@@ -225,7 +227,7 @@ class Writer:
         """Hand every buffered put to the tiers' writer threads (the step boundary). Returns copies handed over."""
         with self.store._lock:
             pending, self._pending = self._pending, []
-            self.store._c["flushes"] += 1
+            self.counters.flushes += 1
             if not pending:
                 return 0
             with self._writes_cv:  # taken with the list: a drain from here on waits for this hand-over
