@@ -52,7 +52,7 @@ from kvstream.format import (
 from kvstream.health import CircuitBreaker
 from kvstream.io.buffers import CallerBuffer
 from kvstream.io.engine import IOEngine, make_engine
-from kvstream.replica_debt import CatchUp, OwedReplicas
+from kvstream.replica_debt import CatchUp, OwedReplicas, ReplicaReport, check_replicas
 from kvstream.replication import CopyOrder, FullReplication, ReadObservation, parse_replication
 from kvstream.read_windows import make_read_windows
 from kvstream.removals import Removals
@@ -206,7 +206,10 @@ class Store:
         # Headers seen by this process (puts, reads), for get_meta without a disk read: bounded, oldest dropped.
         self._metas: dict[bytes, tuple[ChunkMeta, int]] = {}
         self._meta_intern: dict[ChunkMeta, ChunkMeta] = {}  # one ChunkMeta object per distinct shape
-        self._reader = Reader(self)
+        self._reader = Reader(tiers=self.tiers, health=self.health, memory=self.memory,
+                              read_windows=self.read_windows, router=self.router, removals=self.removals,
+                              lock=self._lock, remember_meta=self._remember_meta,
+                              hedge_after_s=config.hedge_after_s, verify_reads=config.verify_reads)
         # Copies the writer had to skip are owed (journal in the first tier's folder) and paid in the background.
         # When the first tier fails, its debts move to a journal on the second (named by the node's unique id).
         fallback_name = f"{node_uid or config.node_id}.log"
@@ -214,8 +217,13 @@ class Store:
             else None
         self.owed = OwedReplicas(None if self.tiers[0].down else self.tiers[0].root / "owed", config.node_id, names,
                                  fallback=fallback)
-        self._writer = Writer(self)
-        self._catch_up = CatchUp(self, self.owed)
+        self._writer = Writer(tiers=self.tiers, health=self.health, memory=self.memory,
+                              read_windows=self.read_windows, owed=self.owed, replication=self.replication,
+                              lock=self._lock, closed=lambda: self._closed, memory_bytes=config.memory_bytes)
+        self._catch_up = CatchUp(tiers=self.tiers, health=self.health, memory=self.memory, owed=self.owed,
+                                 writer=self._writer, serving_steps=lambda: self._reader.active_steps,
+                                 read_back=self._read_back, closed=lambda: self._closed,
+                                 chunk_bytes=config.chunk_bytes or 0)
 
     def _open_tiers(self, config: StoreConfig, node_uid: str | None) -> None:
         """Open each tier. A tier whose file system is failing (full, out of inodes, read-only, dead:
@@ -639,6 +647,11 @@ class Store:
                     out[unknown[got.j]] = (got.header.meta, got.header.payload_len)
         return out
 
+    def _read_back(self, key: bytes) -> None:
+        """The catch-up's read-back: read ``key`` into host memory as the store's own work (not a serving step)."""
+        for _i, _chunk in self.read_chunks([key], background=True):
+            pass
+
     def _remember_meta(self, header: ChunkHeader) -> None:
         metas = self._metas
         if header.key in metas:
@@ -915,6 +928,13 @@ class Store:
                                buffer_allocations=mem.pool.allocations, buffer_reuses=mem.pool.reuses),
             tiers=tiers,
         )
+
+    def check_replicas(self, *, repair: bool = False, timeout_s: float = 300.0) -> ReplicaReport:
+        """What ``kvstream verify --config`` reports: the copies owed and, with full replication, the deficits a
+        scan of the indexes finds; ``repair`` has the catch-up pay them (:func:`kvstream.replica_debt.check_replicas`)."""
+        return check_replicas(tiers=self.tiers, owed=self.owed, catch_up=self._catch_up, drain=self.drain,
+                              full=isinstance(self.replication, FullReplication),  # the parsed policy
+                              repair=repair, timeout_s=timeout_s)
 
     def observe_writes(self, listener: Callable[[str, float], None] | None) -> None:
         """Call ``listener(tier_name, seconds)`` after each copy is published, with its write latency (hand-over
