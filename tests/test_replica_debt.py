@@ -55,7 +55,7 @@ def test_copies_failed_by_eio_are_owed_across_a_restart_and_written_after(disk_t
         st = s.stats()
         assert st.tiers["shared"].replicas_owed == 0 and st.tiers["shared"].chunks == len(data)
         assert st.catch_up_reads >= 1  # host memory was empty after the restart: read back from local
-        assert not any(full_replication_deficits(s).values())
+        assert not any(full_replication_deficits(s.tiers).values())
     # The local copies are gone; every chunk is still there, from the shared tier alone.
     for f in (disk_tmp / "local" / "chunks").rglob("*.kvc"):
         f.unlink()

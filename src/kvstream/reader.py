@@ -32,22 +32,26 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractContextManager
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from kvstream.errors import GONE, SHORTAGE, CorruptChunkError, StoreClosedError, TierError
 from kvstream.eviction import AccessMeta
+from kvstream.health import CircuitBreaker
 from kvstream.format import HEADER_BYTES, ChunkHeader, decode_header, verify_payload
 from kvstream.io.buffers import AlignedBuffer, CallerBuffer
 from kvstream.io.engine import IOOp, OpKind
+from kvstream.stats import ReaderCounters
 from kvstream.read_step import (Busy, ChunkState, Compute, ComputePlan, Deliver, Lost, Open, ReadState, ReadStep,
                                 Release, Stalled, Submit)
-from kvstream.tiers.memory import MemEntry
+from kvstream.read_windows import ReadWindows
+from kvstream.removals import Removals
+from kvstream.routing import ReadRouter
+from kvstream.tiers.files import DirectoryTier
+from kvstream.tiers.memory import HostMemoryTier, MemEntry
 from kvstream.tiers.recheck import check_chunk_file, reread_into
-
-if TYPE_CHECKING:
-    from kvstream.store import Store
 
 __all__ = ["Reader", "ReadOutcome"]
 
@@ -129,16 +133,37 @@ class _Call:
 
 
 class Reader:
-    """Runs read steps for a :class:`kvstream.store.Store` (its tiers, rings, host memory and breakers)."""
+    """Runs read steps over a store's directory tiers: their files, read rings and open threads, the host memory
+    that pooled reads land in and delivered ones are cached in, the tiers' circuit breakers and read windows.
 
-    def __init__(self, store: "Store") -> None:
-        self.store = store
+    It is given exactly those (not the store): ``tiers`` and ``health`` (one breaker per tier, same order),
+    ``memory``, ``read_windows``, ``router`` (the sans-I/O read router whose schedule each step follows),
+    ``removals`` and ``lock`` (the store's metadata lock: a delivered chunk is cached under it, ordered with
+    ``Store.remove``, which records then discards under the same lock), ``remember_meta`` (headers seen, for
+    ``Store.get_meta``), and two settings, ``hedge_after_s`` and ``verify_reads``. It counts in its own
+    :class:`~kvstream.stats.ReaderCounters` (``counters``)."""
+
+    def __init__(self, *, tiers: Sequence[DirectoryTier], health: Sequence[CircuitBreaker], memory: HostMemoryTier,
+                 read_windows: ReadWindows, router: ReadRouter, removals: Removals, lock: AbstractContextManager[Any],
+                 remember_meta: Callable[[ChunkHeader], None], hedge_after_s: float | None,
+                 verify_reads: bool) -> None:
+        self._tiers = tiers
+        self._health = health
+        self._memory = memory
+        self._windows = read_windows
+        self._router = router
+        self._removals = removals
+        self._lock = lock
+        self._remember_meta = remember_meta
+        self._hedge_after_s = hedge_after_s
+        self._verify_reads = verify_reads
+        self.counters = ReaderCounters()  # this reader's figures (Store.stats() copies them)
         self._openers = [ThreadPoolExecutor(max_workers=_OPEN_THREADS, thread_name_prefix=f"kvs-open-{t.name}")
-                         for t in store.tiers]
+                         for t in tiers]
         # Reads still in flight when their step ended (the other replica won, or the tier is stalled), per tier:
         # id(tag) -> [started, counted]. A tier whose leftovers stay out past hedge_after_s is failing even if
         # no step ever waited on it (windows and stealing hide a stall from the step itself).
-        self._stragglers: list[dict[int, list[Any]]] = [{} for _ in store.tiers]
+        self._stragglers: list[dict[int, list[Any]]] = [{} for _ in self._tiers]
         self._straggler_lock = threading.Lock()
         self._active = 0  # steps begun and not ended, background ones (the catch-up's read-backs) excluded
         self._active_lock = threading.Lock()
@@ -190,19 +215,18 @@ class Reader:
         recomputes the step's front meanwhile (:mod:`kvstream.compute`); each :class:`Compute` waits its
         modelled seconds on a timer (replay's modelled GPU) and yields a ``computed`` outcome. ``background``:
         the step is the store's own work (not counted in :attr:`active_steps`)."""
-        store = self.store
-        n_t = len(store.tiers)
+        n_t = len(self._tiers)
         sizes = []
         for key, hs in zip(keys, holders):
-            size = store.tiers[hs[0]].file_size(key) if hs else None
+            size = self._tiers[hs[0]].file_size(key) if hs else None
             sizes.append(HEADER_BYTES if mode == "headers" else (size or HEADER_BYTES))
         for t in range(n_t):
-            if store.health[t].state == "half-open":
+            if self._health[t].state == "half-open":
                 # A probe: what was measured of the tier while it failed (a stall drives its speed estimate
                 # toward zero) would shrink its window to one chunk and let the other tier's steals take even
                 # that, so the probe would prove nothing. Unmeasured, it gets its full window and its share.
-                store.read_windows.forget(t)
-        windows = store.read_windows.windows()
+                self._windows.forget(t)
+        windows = self._windows.windows()
         in_place = None
         in_place_tier = -1
         if mode == "into" and targets is not None:
@@ -211,14 +235,14 @@ class Reader:
             # read into pooled buffers and are copied, and a steal by the fast tier lands in place while the
             # slow tier's late copy is simply dropped.
             in_place_tier = self._fastest_tier()
-        hedge = store.config.hedge_after_s
-        step = ReadStep(store.router.schedule(holders, n_t, front=compute.front if compute else 0), sizes, windows,
+        hedge = self._hedge_after_s
+        step = ReadStep(self._router.schedule(holders, n_t, front=compute.front if compute else 0), sizes, windows,
                         hedge_after_s=hedge, in_place=in_place, in_place_tier=in_place_tier,
                         report_busy=on_target_free is not None, header_bytes=HEADER_BYTES,
-                        bandwidth=[store.read_windows.bandwidth_estimate(t) for t in range(n_t)], compute=compute)
+                        bandwidth=[self._windows.bandwidth_estimate(t) for t in range(n_t)], compute=compute)
         call = _Call(step, list(keys), mode, targets, on_target_free, metas)
-        with store._lock:
-            call.removal_seq = store.removals.now()
+        with self._lock:
+            call.removal_seq = self._removals.now()
         if hedge:
             self._count_stragglers(hedge)
         with self._active_lock:
@@ -305,8 +329,8 @@ class Reader:
                 for tag in leftovers:
                     tag.late = True
                     self._stragglers[tag.tier][id(tag)] = [tag.started, False]
-        for t in range(len(self.store.tiers)):
-            self.store.tiers[t].counters.read_busy_s += step.busy_s[t]
+        for t in range(len(self._tiers)):
+            self._tiers[t].counters.read_busy_s += step.busy_s[t]
 
     # -- actions --------------------------------------------------------------------------------------------
     def _carry_out(self, call: _Call, acts: list[Any]) -> Iterator[ReadOutcome]:
@@ -320,7 +344,7 @@ class Reader:
                 if out is not None:
                     outcomes.append(out)
             elif isinstance(a, Busy):
-                self.store._c["read_into_abandoned"] += 1
+                self.counters.read_into_abandoned += 1
                 outcomes.append(ReadOutcome(a.chunk, "busy"))
             elif isinstance(a, Lost):
                 pass  # reported at the end, with those lost on other threads (step.chunks)
@@ -347,7 +371,7 @@ class Reader:
                 self._open_done(call, tag, None, None)
                 return
             if a.hedged:
-                self.store._c["hedged_reads"] += 1
+                self.counters.hedged_reads += 1
             if ahead is not None:  # opened ahead: submit from this thread at once (no hop, no syscall)
                 self._open_done(call, tag, ahead, None)
                 return
@@ -361,16 +385,16 @@ class Reader:
         elif isinstance(a, Release):
             landed = call.tags.get(a.read)
             if landed is not None and call.step.reads[a.read].state is ReadState.DUPLICATE:
-                self.store.tiers[landed.tier].counters.duplicate_chunks += 1  # read, checked, not needed
+                self._tiers[landed.tier].counters.duplicate_chunks += 1  # read, checked, not needed
             self._release(call, landed, late=a.late)
         elif isinstance(a, Stalled):
-            self.store._c["stalled_reads"] += 1
+            self.counters.stalled_reads += 1
             now = time.monotonic()
             with call.mu:  # since when the tier's oldest read of this step is out
                 since = min((tag.started for rid, tag in call.tags.items() if tag.tier == a.tier
                              and call.step.reads[rid].state in (ReadState.OPENING, ReadState.IN_FLIGHT)),
                             default=now)
-            self.store.health[a.tier].on_stall(now, since)
+            self._health[a.tier].on_stall(now, since)
 
     def _act_elsewhere(self, call: _Call, acts: list[Any]) -> None:
         """Carry out actions on an open or ring thread. A chunk lost there is already resolved in the step (the
@@ -400,7 +424,7 @@ class Reader:
         queued when it dispatches, and a refill that waits for an open loses the tier its place
         (write-load-diag/refill_mechanics.py: 0.56 vs 0.72 GB/s, raw reader 0.74). Best effort: a file that
         will not open here is opened again, and reported, by its read."""
-        tier = self.store.tiers[t]
+        tier = self._tiers[t]
         try:
             with call.mu:
                 if call.step.closed:
@@ -423,7 +447,7 @@ class Reader:
         """On the tier's open thread. A read whose chunk was resolved (or whose step ended) while it waited
         behind the tier's other opens is not opened at all: a slow tier's queue of opens would otherwise hold
         every later step's opens behind a finished step's."""
-        tier = self.store.tiers[tag.tier]
+        tier = self._tiers[tag.tier]
         with call.mu:
             skip = not call.step.needed(tag.rid)
             acts = call.step.not_needed(tag.rid, time.monotonic()) if skip else []
@@ -445,7 +469,7 @@ class Reader:
         now = time.monotonic()
         if err is not None:
             if err.errno not in SHORTAGE:  # out of descriptors (or memory) is this process's shortage
-                self.store.health[tag.tier].on_failure(now)
+                self._health[tag.tier].on_failure(now)
             log.warning("%s", err)
         with call.mu:
             if got is None:
@@ -462,8 +486,8 @@ class Reader:
         self._act_elsewhere(call, acts)
 
     def _submit(self, call: _Call, tag: _Tag, a: Submit) -> None:
-        memory = self.store.memory
-        ring = self.store.tiers[tag.tier].read_ring
+        memory = self._memory
+        ring = self._tiers[tag.tier].read_ring
         if a.in_place:
             target = call.targets[tag.j]  # type: ignore[index]
             tag.target = target
@@ -523,7 +547,6 @@ class Reader:
         goes back to its caller."""
         if tag is None:
             return
-        store = self.store
         fd = tag.fd
         tag.fd = -1
         if fd >= 0:
@@ -532,22 +555,22 @@ class Reader:
             except OSError:
                 pass
         if tag.buf is not None:
-            store.memory.release(tag.buf, tag.pooled)
+            self._memory.release(tag.buf, tag.pooled)
             tag.buf = None
         if late:
             with self._straggler_lock:
                 self._stragglers[tag.tier].pop(id(tag), None)
             if tag.result > 0:
-                store.tiers[tag.tier].counters.duplicate_chunks += 1
+                self._tiers[tag.tier].counters.duplicate_chunks += 1
                 # A probe read that lost its race to the other replica still shows the tier answers again.
-                health = store.health[tag.tier]
+                health = self._health[tag.tier]
                 if tag.result >= tag.nbytes and health.state == "half-open" and health.on_success(time.monotonic()):
-                    store.read_windows.forget(tag.tier)
+                    self._windows.forget(tag.tier)
             elif tag.result < 0 and -tag.result not in _GONE and not self._closing:
                 # Nobody waited for this read (the other replica won), but the tier still failed it: the breaker
                 # must hear of it, or a tier that only ever loses races would never be taken out.
-                store.tiers[tag.tier].counters.read_errors += 1
-                store.health[tag.tier].on_failure(time.monotonic())
+                self._tiers[tag.tier].counters.read_errors += 1
+                self._health[tag.tier].on_failure(time.monotonic())
         if tag.target is not None and call.step.reads[tag.rid].busy:  # set under mu before this Release existed
             tag.target.release()
             if call.on_target_free is not None:
@@ -564,8 +587,7 @@ class Reader:
         failure re-read the file once into the same buffers and verify again, and quarantine only if that
         fails too (:mod:`kvstream.tiers.recheck`: a bit flipped on the way or a short read is not a damaged
         file). Closes the descriptor either way."""
-        store = self.store
-        tier = store.tiers[tag.tier]
+        tier = self._tiers[tag.tier]
         if tag.fd >= 0:
             _close_quietly(tag.fd)
             tag.fd = -1
@@ -581,14 +603,14 @@ class Reader:
             if header is None:
                 return False
         finally:
-            store._c["verify_seconds"] += time.perf_counter() - t0
+            self.counters.verify_seconds += time.perf_counter() - t0
         c = tier.counters
         c.read_bytes += tag.result
         c.read_chunks += 1
         c.note_latency(tag.latency)
-        if store.health[tag.tier].on_success(time.monotonic()):  # recovered: its speed estimate carries the fault
-            store.read_windows.forget(tag.tier)
-        store._remember_meta(header)
+        if self._health[tag.tier].on_success(time.monotonic()):  # recovered: its speed estimate carries the fault
+            self._windows.forget(tag.tier)
+        self._remember_meta(header)
         tag.header = header
         return True
 
@@ -602,7 +624,7 @@ class Reader:
             if call.mode != "headers":
                 if tag.result < header.file_size:
                     raise CorruptChunkError(where, f"truncated file ({tag.result} of {header.file_size} B)")
-                if self.store.config.verify_reads:
+                if self._verify_reads:
                     if tag.target is not None:
                         payload = tag.target.view(0, header.payload_len)
                     else:
@@ -623,7 +645,7 @@ class Reader:
         The header on success; None if the chunk cannot be delivered from this tier now. The file is
         quarantined only on a second failed verification of the same file; an I/O error or a vanished name on
         the re-read is no verdict (counted as a read error, or a miss)."""
-        tier = self.store.tiers[tag.tier]
+        tier = self._tiers[tag.tier]
         c = tier.counters
         c.read_retried += 1
         assert tag.buf is not None
@@ -641,7 +663,7 @@ class Reader:
                 tier.on_missing(tag.key)
             else:
                 c.read_errors += 1
-                self.store.health[tag.tier].on_failure(time.monotonic())
+                self._health[tag.tier].on_failure(time.monotonic())
                 log.warning("tier %s: %s failed verification (%s) and its re-read failed: %s; the file is kept",
                             tier.name, where, first.reason, os.strerror(-n))
             return None
@@ -671,22 +693,21 @@ class Reader:
         """A read (of a whole chunk or of its header) returned ``-errno``: a missing file (ENOENT, or ESTALE: a
         peer deleted it under our descriptor) is a miss (see ``DirectoryTier.on_missing``); any other error
         counts against the tier and its breaker."""
-        tier = self.store.tiers[t]
+        tier = self._tiers[t]
         if -result in _GONE:
             tier.on_missing(key)
         else:
             tier.counters.read_errors += 1
-            self.store.health[t].on_failure(time.monotonic())
+            self._health[t].on_failure(time.monotonic())
             log.warning("tier %s: read of %s failed: %s", tier.name, where, os.strerror(-result))
 
     def _deliver(self, call: _Call, tag: _Tag) -> ReadOutcome | None:
         """Hand a delivered read to the caller: pinned in host memory (chunks), copied into its target (into),
         or its header (headers). Ownership of the buffer moves to host memory or is released here."""
-        store = self.store
         header = tag.header
         assert header is not None
-        tier = store.tiers[tag.tier]
-        store._c["disk_hits"] += call.mode != "headers"
+        tier = self._tiers[tag.tier]
+        self.counters.disk_hits += call.mode != "headers"
         if call.mode != "headers":
             tier.on_hit(tag.key)
         if call.mode == "headers":
@@ -695,7 +716,7 @@ class Reader:
         if call.mode == "into":
             if tag.target is not None:  # read in place: the payload is in the target, verified there
                 self._release(call, tag, late=False)
-                store._c["read_into_direct"] += 1
+                self.counters.read_into_direct += 1
                 return ReadOutcome(tag.j, "delivered", tier.name, header)
             target = call.targets[tag.j]  # type: ignore[index]
             n = header.payload_len
@@ -704,7 +725,7 @@ class Reader:
                 return ReadOutcome(tag.j, "too_small", tier.name, header)
             assert tag.buf is not None
             target.view(0, n)[:] = tag.buf.view(HEADER_BYTES, HEADER_BYTES + n)
-            store._c["read_into_copied"] += 1
+            self.counters.read_into_copied += 1
             self._keep(call, tag, header)
             return ReadOutcome(tag.j, "delivered", tier.name, header)
         payload = self._keep(call, tag, header, want_view=True)
@@ -721,13 +742,12 @@ class Reader:
         tag.buf = None
         assert buf is not None
         if pooled:
-            store = self.store
             meta = call.metas[tag.j] if call.metas else None
             entry = MemEntry(key=tag.key, buf=buf, header=header)
-            with store._lock:  # orders the check with Store.remove (which records, then discards, under it)
-                cached, view = store.memory.insert_pinned(entry, meta=meta)
-                if cached is entry and store.removals.removed_since(tag.key, call.removal_seq):
-                    store.memory.discard(tag.key)
+            with self._lock:  # orders the check with Store.remove (which records, then discards, under it)
+                cached, view = self._memory.insert_pinned(entry, meta=meta)
+                if cached is entry and self._removals.removed_since(tag.key, call.removal_seq):
+                    self._memory.discard(tag.key)
             if not want_view:
                 view.release()
                 return None
@@ -735,17 +755,17 @@ class Reader:
         # An overflow buffer: the caller's view (if any) is its only holder; it goes back to the overflow pool
         # now, parked there until that view is gone (never handed out while a view of it lives).
         out = buf.readonly(HEADER_BYTES, HEADER_BYTES + header.payload_len) if want_view else None
-        self.store.memory.release(buf, False)
+        self._memory.release(buf, False)
         return out
 
     # -- helpers --------------------------------------------------------------------------------------------
     def _usable_tiers(self, now: float) -> list[int]:
-        return [t for t in range(len(self.store.tiers)) if self.store.health[t].usable(now)]
+        return [t for t in range(len(self._tiers)) if self._health[t].usable(now)]
 
     def _fastest_tier(self) -> int:
         """The tier with the highest read bandwidth estimate (tier 0, the node-local one, until measured)."""
-        rw = self.store.read_windows
-        est = [rw.bandwidth_estimate(t) for t in range(len(self.store.tiers))]
+        rw = self._windows
+        est = [rw.bandwidth_estimate(t) for t in range(len(self._tiers))]
         if any(e is None for e in est):
             return 0
         return max(range(len(est)), key=lambda t: est[t])  # type: ignore[arg-type, return-value]
@@ -767,6 +787,6 @@ class Reader:
                         if not rec[1]:
                             rec[1] = True
                             n_late += 1
-        self.store._c["stalled_reads"] += n_late
+        self.counters.stalled_reads += n_late
         for t, since in late.items():  # a failure only if the tier is hung, not slow (health.on_stall)
-            self.store.health[t].on_stall(now, since)
+            self._health[t].on_stall(now, since)

@@ -7,6 +7,8 @@ error. Each such (chunk, tier) becomes a *debt*: :class:`OwedReplicas` keeps the
 the tier is usable again — from host memory if the chunk is still there, else by reading it back from a tier
 that holds it. A debt ends when the copy is published on the tier, or when the chunk is nowhere any more
 (evicted by policy from every tier: nothing is left to copy, and nothing was lost that policy did not drop).
+The rules themselves (the backlog valve that skips a copy, the catch-up's order, deferring and back-off) are
+sans-I/O objects in :mod:`kvstream.debt_policy`, which the simulator drives too; this module carries them out.
 
 Persistence: a journal of text lines in the first tier's folder, ``owed/<node_id>.log`` (``+TIER KEYHEX`` owes,
 ``-TIER KEYHEX`` pays). Write-ahead: every copy the writer issues is journalled (``+``) *before* it is issued
@@ -38,26 +40,24 @@ a tier that full replication also writes). :func:`full_replication_deficits` is 
 from __future__ import annotations
 
 import logging
-import math
 import os
 import threading
 import time
-from collections.abc import Callable, Container, Hashable, Iterable
+from collections.abc import Callable, Container, Iterable, Sequence
 from dataclasses import dataclass
-from enum import Enum
 from pathlib import Path
-from typing import TYPE_CHECKING, TypeVar
+from typing import Protocol
 
-from kvstream.replication import FullReplication
-
-if TYPE_CHECKING:
-    from kvstream.store import Store
+from kvstream.debt_policy import CatchUpPolicy, DebtAction
+from kvstream.health import CircuitBreaker
+from kvstream.stats import CatchUpCounters
+from kvstream.tiers.files import DirectoryTier
+from kvstream.tiers.memory import HostMemoryTier
 
 __all__ = ["OwedReplicas", "CatchUp", "CatchUpPolicy", "DebtAction", "full_replication_deficits", "ReplicaReport",
            "check_replicas"]
 
 log = logging.getLogger("kvstream.store")
-_K = TypeVar("_K", bound=Hashable)  # a debt's key: bytes in the store, the simulator's chunk ids
 
 
 _BLOCK = 1 << 20  # the journal is read in blocks of this size (bounded memory, whatever its length)
@@ -351,12 +351,12 @@ def _unlink_quietly(path: Path) -> None:
         pass
 
 
-def full_replication_deficits(store: "Store") -> dict[str, list[bytes]]:
-    """With ``replication: full``, the chunks this node's primary tier holds that another tier it writes to
-    lacks (a shared tier's other chunks are other nodes', never a deficit of this one's)."""
-    primary = store.tiers[0]
+def full_replication_deficits(tiers: Sequence[DirectoryTier]) -> dict[str, list[bytes]]:
+    """With ``replication: full``, the chunks this node's primary tier (``tiers[0]``) holds that another tier it
+    writes to lacks (a shared tier's other chunks are other nodes', never a deficit of this one's)."""
+    primary = tiers[0]
     keys = [k for k, _ in primary.index.items()]
-    return {t.name: [k for k in keys if not t.contains(k)] for t in store.tiers[1:]}
+    return {t.name: [k for k in keys if not t.contains(k)] for t in tiers[1:]}
 
 
 @dataclass
@@ -375,183 +375,67 @@ class ReplicaReport:
         return {"owed": self.owed, "deficits": self.deficits, "repaired": self.repaired, "missing": self.missing}
 
 
-def check_replicas(store: "Store", *, repair: bool = False, timeout_s: float = 300.0) -> ReplicaReport:
-    """What ``kvstream verify --config`` reports: the copies owed and the deficits a scan finds. With ``repair``
-    every deficit becomes a debt and the store's own catch-up pays them (the one mechanism that writes owed
-    copies), waiting up to ``timeout_s``; the report is then of what is left."""
-    full = isinstance(store.replication, FullReplication)  # the parsed policy, not the config's spelling
-    deficits = full_replication_deficits(store) if full else {}
+def check_replicas(*, tiers: Sequence[DirectoryTier], owed: OwedReplicas, catch_up: "CatchUp",
+                   drain: Callable[[float | None], bool], full: bool, repair: bool = False,
+                   timeout_s: float = 300.0) -> ReplicaReport:
+    """What ``kvstream verify --config`` reports (:meth:`kvstream.store.Store.check_replicas`): the copies owed
+    and, with ``full`` replication, the deficits a scan finds. With ``repair`` every deficit becomes a debt and
+    the store's own catch-up pays them (the one mechanism that writes owed copies), waiting up to ``timeout_s``
+    (``drain`` waits for the writes); the report is then of what is left."""
+    deficits = full_replication_deficits(tiers) if full else {}
     if repair:
         for tier, keys in deficits.items():
             for k in keys:
-                store.owed.owe(tier, k)
+                owed.owe(tier, k)
         deadline = time.monotonic() + timeout_s
-        while any(store.owed.counts().values()) and time.monotonic() < deadline:
-            store._catch_up.poke()
+        while any(owed.counts().values()) and time.monotonic() < deadline:
+            catch_up.poke()
             time.sleep(0.05)
-        store.drain(max(0.0, deadline - time.monotonic()))
-        deficits = full_replication_deficits(store) if full else {}
-    return ReplicaReport(owed=store.owed.counts(), deficits={t: len(k) for t, k in deficits.items()},
-                         repaired=repair)
+        drain(max(0.0, deadline - time.monotonic()))
+        deficits = full_replication_deficits(tiers) if full else {}
+    return ReplicaReport(owed=owed.counts(), deficits={t: len(k) for t, k in deficits.items()}, repaired=repair)
 
 
-class DebtAction(Enum):
-    """What a catch-up round does with one debt."""
+class CopyQueue(Protocol):
+    """What the catch-up needs of the store's writer (:class:`kvstream.writer.Writer`): each tier's write backlog
+    and its valve's limit, a copy ordered from host memory, and the hand-over and wait of those copies."""
 
-    PAID = "paid"  # the tier holds the chunk already: the debt ends
-    DROP = "drop"  # the chunk is nowhere else (evicted by policy everywhere): nothing to copy, the debt ends
-    COPY = "copy"  # in host memory: order the copy
-    READ_BACK = "read-back"  # read it from a holder tier into host memory, then order the copy
-    DEFER = "defer"  # a read-back while a serving read step is in flight: the next round
-    WAIT = "wait"  # a read-back host memory has no room to keep (or during the back-off after one): later
+    def backlog(self, t: int) -> int: ...
 
+    def backlog_limit(self, t: int) -> int | None: ...
 
-Debt = tuple[str, bytes]  # (tier name, key)
+    def order_copy(self, key: bytes, t: int) -> bool: ...
 
+    def flush(self) -> int: ...
 
-class CatchUpPolicy:
-    """The catch-up's rules, sans-I/O: the store's :class:`CatchUp` thread and the simulator's model
-    (``kvstream.sim.storage``) drive one each, so the simulator pays debts as the store does.
-
-    A round looks every ``interval_s``; per tier that is usable and whose write backlog is below half its limit
-    (:meth:`tier_ready`) it takes up to ``batch`` debts in the order :meth:`select` gives and asks :meth:`decide`
-    for each. Debts whose chunk is still in host memory go first, newest first: a copy from memory costs the
-    owed tier's write and nothing else, while a debt left until its chunk is evicted costs a read-back from the
-    tier that serves the loads (in ``kvstream replay``'s default, before this rule, 76-86 read-backs of 48 MiB
-    from the local tier per minute, during loads). A read-back (the chunk left host memory) waits while a serving
-    read step is in flight: it would take the holder tier's bandwidth from a load on the critical path. Under
-    reads that never pause it goes on anyway once ``max_deferred_rounds`` rounds in a row deferred one (30 s), so
-    debts cannot starve.
-
-    A read-back is only worth its read if host memory keeps what it reads (the copy is written from there): with
-    no room (every buffer holds an unwritten chunk or a caller's view) the read lands in a spare buffer that is
-    not kept, and the debt is read again next round, for ever (1,782 read-backs and no copy in 30 s). So a
-    read-back waits (``WAIT``) while the driver says there is no room, and after a read-back that was not kept
-    (:meth:`read_back_done`) the policy backs off: no read-back for ``interval_s``, doubling up to
-    ``max_backoff_s``, until one is kept. A debt read back ``max_read_backs`` times without being kept is given
-    up for ``give_up_s`` (counted in ``gave_up``; it stays owed and journalled, and is copied at once if its chunk
-    comes into host memory some other way): the catch-up passes over it (:meth:`given_up_now`), then it gets one
-    more read-back. So a debt is read back at most ``max_read_backs`` times, then once per ``give_up_s``, for as
-    long as host memory keeps none of what is read.
-
-    State: the count of rounds in a row that deferred (:meth:`end_round`), the back-off, the read-backs of each
-    debt that were not kept, and the debts given up."""
-
-    interval_s = 0.25
-    batch = 16  # chunks per tier per round: catch-up must not crowd the serving path's reads and writes
-    max_deferred_rounds = 120
-    max_read_backs = 3  # read-backs of one debt not kept in host memory before it is given up
-    max_backoff_s = 8.0
-    give_up_s = 60.0  # how long a debt given up is passed over
-
-    def __init__(self) -> None:
-        self.deferred_rounds = 0
-        self.reads_deferred = 0
-        self.reads_waited = 0  # read-backs put off: no room in host memory, or backing off
-        self.read_backs_wasted = 0  # read-backs whose chunk host memory did not keep (no copy could follow)
-        self.gave_up = 0  # times a debt was given up (read back max_read_backs times without being kept)
-        self._given_up: dict[Debt, float] = {}  # debt -> until when it is passed over
-        self._tries: dict[Debt, int] = {}
-        self._backoff_s = 0.0
-        self._wait_until = -math.inf
-        self._deferred_now = False
-
-    @staticmethod
-    def tier_ready(usable: bool, backlog: int, limit: int | None) -> bool:
-        """Whether a round pays this tier's debts now."""
-        return usable and (limit is None or backlog < limit // 2)
-
-    def select(self, oldest: list[_K], newest: list[_K], in_memory: Callable[[_K], bool]) -> list[_K]:
-        """The debts one tier's round looks at, in order: of the ``newest`` and ``oldest`` debts (each up to
-        ``batch``, as the caller found them), those whose chunk ``in_memory`` says host memory holds, newest
-        first, then the rest oldest first; at most ``batch``."""
-        seen: set[_K] = set()
-        resident: list[_K] = []
-        for k in newest:
-            if k not in seen and in_memory(k):
-                seen.add(k)
-                resident.append(k)
-        rest = [k for k in oldest if k not in seen]
-        return (resident + rest)[: self.batch]
-
-    def decide(self, *, on_tier: bool, in_memory: bool, has_holder: bool, serving: bool, room: bool = True,
-               now: float | None = None, debt: Debt | None = None) -> DebtAction:
-        """One debt: ``on_tier`` (the owed tier holds it now), ``in_memory`` (host memory holds it),
-        ``has_holder`` (another tier holds it), ``serving`` (a serving read step is in flight), ``room`` (host
-        memory could keep a chunk read back now), ``now`` (for the back-off; None: no back-off, as at close),
-        ``debt`` (which one, for the per-debt bound)."""
-        if on_tier:
-            return DebtAction.PAID
-        if in_memory:
-            return DebtAction.COPY
-        if not has_holder:
-            return DebtAction.DROP
-        if debt is not None and now is not None and debt in self._given_up:
-            if now < self._given_up[debt]:
-                return DebtAction.WAIT
-            del self._given_up[debt]  # one more read-back; not kept, it is given up again
-            self._tries[debt] = self.max_read_backs - 1
-        if not room or (now is not None and now < self._wait_until):
-            if not room and now is not None and now >= self._wait_until:
-                self._back_off(now)
-            self.reads_waited += 1
-            return DebtAction.WAIT
-        if serving and self.deferred_rounds < self.max_deferred_rounds:
-            self.reads_deferred += 1
-            self._deferred_now = True
-            return DebtAction.DEFER
-        return DebtAction.READ_BACK
-
-    def read_back_done(self, debt: Debt, now: float, kept: bool) -> None:
-        """A ``READ_BACK`` of ``debt`` ended: ``kept`` if host memory holds the chunk now (its copy can be
-        ordered). Not kept: counted, the back-off grows, and the debt is given up after ``max_read_backs``."""
-        if kept:
-            self._tries.pop(debt, None)
-            self._backoff_s = 0.0
-            self._wait_until = -math.inf
-            return
-        self.read_backs_wasted += 1
-        n = self._tries.get(debt, 0) + 1
-        if n >= self.max_read_backs:
-            self._tries.pop(debt, None)
-            self._given_up[debt] = now + self.give_up_s
-            self.gave_up += 1
-        else:
-            self._tries[debt] = n
-        self._back_off(now)
-
-    def forget(self, debt: Debt) -> None:
-        """``debt`` ended, or its chunk is in host memory again: its read-back count and give-up go."""
-        self._tries.pop(debt, None)
-        self._given_up.pop(debt, None)
-
-    def tracked(self) -> list[Debt]:
-        """Debts the policy keeps state for (the driver forgets those that ended: :meth:`forget`)."""
-        return list(self._tries) + list(self._given_up)
-
-    def given_up_now(self, now: float) -> set[Debt]:
-        """The debts passed over at ``now`` (given up, their ``give_up_s`` not over)."""
-        return {d for d, until in self._given_up.items() if now < until}
-
-    def _back_off(self, now: float) -> None:
-        self._backoff_s = min(self.max_backoff_s, self._backoff_s * 2 if self._backoff_s else self.interval_s)
-        self._wait_until = now + self._backoff_s
-
-    def end_round(self) -> None:
-        self.deferred_rounds = self.deferred_rounds + 1 if self._deferred_now else 0
-        self._deferred_now = False
+    def drain(self, timeout: float | None = None) -> bool: ...
 
 
 class CatchUp:
     """Pays owed replicas back in the background (see the module docstring), by :class:`CatchUpPolicy`'s rules.
     One daemon thread per store; it also compacts the journal when it has grown (:meth:`OwedReplicas.compact`).
-    At close, :meth:`pay` runs the same rounds on the closing thread, within the close's timeout."""
+    At close, :meth:`pay` runs the same rounds on the closing thread, within the close's timeout.
 
-    def __init__(self, store: "Store", owed: OwedReplicas) -> None:
-        self.store = store
+    It is given what it pays with, not the store: ``tiers`` and ``health`` (one circuit breaker per tier),
+    ``memory`` (where a copy is made from, and whether a read-back has room), ``owed`` (the debts), ``writer``
+    (:class:`CopyQueue`), ``serving_steps`` (serving read steps in flight now: a read-back waits for them),
+    ``read_back`` (read one chunk into host memory, as the store's own background work), ``closed`` (the store
+    has closed) and ``chunk_bytes`` (the configured chunk size, 0 if unknown). It counts in its own
+    :class:`~kvstream.stats.CatchUpCounters` (``counters``)."""
+
+    def __init__(self, *, tiers: Sequence[DirectoryTier], health: Sequence[CircuitBreaker], memory: HostMemoryTier,
+                 owed: OwedReplicas, writer: CopyQueue, serving_steps: Callable[[], int],
+                 read_back: Callable[[bytes], None], closed: Callable[[], bool], chunk_bytes: int) -> None:
+        self._tiers = tiers
+        self._health = health
+        self._memory = memory
         self.owed = owed
-        self.copies_started = 0
-        self.reads = 0
+        self._writer = writer
+        self._serving_steps = serving_steps
+        self._read_back = read_back
+        self._closed = closed
+        self._chunk_bytes = chunk_bytes
+        self.counters = CatchUpCounters()  # its figures (Store.stats() copies them; the policy keeps its own)
         self.policy = CatchUpPolicy()
         self._wake = threading.Event()
         self._stop = threading.Event()
@@ -583,6 +467,16 @@ class CatchUp:
                 log.exception("owed replicas: catch-up round failed")
 
     @property
+    def copies_started(self) -> int:
+        """Owed replicas handed to the writer."""
+        return self.counters.copies_started
+
+    @property
+    def reads(self) -> int:
+        """Owed replicas read back from another tier first."""
+        return self.counters.reads
+
+    @property
     def reads_deferred(self) -> int:
         """Read-backs put off because a serving read step was in flight."""
         return self.policy.reads_deferred
@@ -591,19 +485,17 @@ class CatchUp:
         """At close (the thread stopped): run rounds on this thread until nothing is owed, the ``deadline``
         (``time.monotonic()``; None: none) passes, or a round can do nothing (tiers out of routing, no room to
         read back): what is left stays journalled for the next open. Serving reads are not waited for."""
-        store = self.store
         while sum(self.owed.counts().values()) and (deadline is None or time.monotonic() < deadline):
             before = sum(self.owed.counts().values())
             started = self.round(final=True)
-            store._writer.drain(None if deadline is None else max(0.0, deadline - time.monotonic()))
+            self._writer.drain(None if deadline is None else max(0.0, deadline - time.monotonic()))
             if not started and sum(self.owed.counts().values()) >= before:
                 return
 
     def round(self, *, final: bool = False) -> int:
         """One pass over every tier's debts; returns the copies handed to the writer. ``final``: at close (no
         stop check, no back-off, no deferring to serving reads)."""
-        store = self.store
-        writer = store._writer
+        writer = self._writer
         policy = self.policy
         started = 0
         now = time.monotonic()
@@ -612,22 +504,22 @@ class CatchUp:
                 policy.forget(debt)
         room = self._memory_room()
         try:
-            for t in store.tiers:
+            for t in self._tiers:
                 if not self.owed.counts()[t.name]:
                     continue
-                if not policy.tier_ready(store._usable(t.position), writer.backlog(t.position),
+                if not policy.tier_ready(self._health[t.position].usable(time.monotonic()), writer.backlog(t.position),
                                          writer.backlog_limit(t.position)):
                     continue
                 skip = set() if final else {k for tn, k in policy.given_up_now(now) if tn == t.name}
                 picked = policy.select(self.owed.oldest(t.name, policy.batch, skip),
                                        self.owed.newest(t.name, policy.batch, skip), self._in_memory)
                 for key in picked:
-                    if store._closed or (self._stop.is_set() and not final):
+                    if self._closed() or (self._stop.is_set() and not final):
                         return started
                     debt = (t.name, key)
                     act = policy.decide(on_tier=t.contains(key), in_memory=self._in_memory(key),
-                                        has_holder=any(o is not t and o.contains(key) for o in store.tiers),
-                                        serving=store._reader.active_steps > 0 and not final, room=room,
+                                        has_holder=any(o is not t and o.contains(key) for o in self._tiers),
+                                        serving=self._serving_steps() > 0 and not final, room=room,
                                         now=None if final else now, debt=debt)
                     if act in (DebtAction.PAID, DebtAction.DROP):
                         self.owed.paid(t.name, key)
@@ -635,30 +527,29 @@ class CatchUp:
                     if act in (DebtAction.DEFER, DebtAction.WAIT):
                         continue
                     if act is DebtAction.READ_BACK:
-                        self.reads += 1
-                        for _i, _chunk in store.read_chunks([key], background=True):  # lands in host memory
-                            pass
+                        self.counters.reads += 1
+                        self._read_back(key)  # lands in host memory (if it has room)
                         kept = self._in_memory(key)
                         policy.read_back_done(debt, time.monotonic(), kept)
                         room = room and kept  # not kept: host memory has no room for the rest of the round
                         if not kept:
                             continue
-                    if store._writer.order_copy(key, t.position):
+                    if writer.order_copy(key, t.position):
                         started += 1
         finally:
             policy.end_round()
         if started:
-            store.flush()
-            self.copies_started += started
+            writer.flush()
+            self.counters.copies_started += started
         return started
 
     def _in_memory(self, key: bytes) -> bool:
-        return self.store.memory.peek(key) is not None
+        return self._memory.peek(key) is not None
 
     def _memory_room(self) -> bool:
         """Whether host memory could keep a chunk read back now: it has unallocated room, or a chunk it may
         evict (a clean one). A hint: a read-back that finds otherwise counts as not kept."""
-        mem = self.store.memory
-        if mem.capacity_bytes - mem.pool.in_use_bytes >= (self.store.config.chunk_bytes or 1):
+        mem = self._memory
+        if mem.capacity_bytes - mem.pool.in_use_bytes >= (self._chunk_bytes or 1):
             return True  # free buffers, or room to map more
         return mem.dirty_count() < len(mem)

@@ -9,16 +9,23 @@ replay records, bench results) with the same keys the store's old dict had, plus
 Counters only grow over a store's life; gauges (``chunks``, ``used_bytes``, ``write_backlog_bytes``, ...) are
 the state at the call; latency percentiles are over recent operations (the last few thousand per tier) and
 ``None`` before the first. No I/O, no locks: the store builds a snapshot, readers only read it.
+
+The live counters behind the snapshot are typed too, one small dataclass per part that counts: the store's own
+calls (:class:`StoreCounters`), the reader (:class:`ReaderCounters`), the writer (:class:`WriterCounters`) and the
+catch-up of owed replicas (:class:`CatchUpCounters`). Each part owns and writes its own (no part writes
+another's); :meth:`kvstream.store.Store.stats` copies them into a :class:`StoreStats` under the same names.
+Increments are plain ``+=`` as before (several threads count; a figure may lag by an increment, never more).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from types import MappingProxyType
 from typing import Any
 
-__all__ = ["MemoryStats", "StoreStats", "TierStats", "percentiles"]
+__all__ = ["CatchUpCounters", "MemoryStats", "ReaderCounters", "StoreCounters", "StoreStats", "TierStats",
+           "WriterCounters", "percentiles"]
 
 
 def percentiles(values: Iterable[float]) -> tuple[float | None, float | None]:
@@ -31,6 +38,68 @@ def percentiles(values: Iterable[float]) -> tuple[float | None, float | None]:
 
 def _plain(obj: Any) -> dict[str, Any]:
     return {f.name: getattr(obj, f.name) for f in fields(obj)}
+
+
+@dataclass(slots=True)
+class StoreCounters:
+    """What :class:`kvstream.store.Store`'s own calls count (puts, and read calls' planning and results).
+    Field names are :class:`StoreStats`'s."""
+
+    puts: int = 0
+    put_bytes: int = 0
+    put_file_bytes: int = 0
+    puts_duplicate: int = 0
+    puts_dropped_no_memory: int = 0
+    puts_dropped_unstored: int = 0
+    get_chunks: int = 0
+    memory_hits: int = 0
+    misses: int = 0
+    lost_chunks: int = 0
+    read_steps: int = 0
+    read_seconds: float = 0.0
+    copies_ordered: int = 0
+
+    def snapshot(self) -> "StoreCounters":
+        return replace(self)
+
+
+@dataclass(slots=True)
+class ReaderCounters:
+    """What :class:`kvstream.reader.Reader` counts. Field names are :class:`StoreStats`'s."""
+
+    disk_hits: int = 0
+    verify_seconds: float = 0.0
+    hedged_reads: int = 0
+    stalled_reads: int = 0
+    read_into_direct: int = 0
+    read_into_copied: int = 0
+    read_into_abandoned: int = 0
+
+    def snapshot(self) -> "ReaderCounters":
+        return replace(self)
+
+
+@dataclass(slots=True)
+class WriterCounters:
+    """What :class:`kvstream.writer.Writer` counts (per-tier write figures are the tiers' own counters)."""
+
+    flushes: int = 0
+
+    def snapshot(self) -> "WriterCounters":
+        return replace(self)
+
+
+@dataclass(slots=True)
+class CatchUpCounters:
+    """What :class:`kvstream.replica_debt.CatchUp` counts (its policy's own figures are the policy's:
+    :class:`kvstream.replica_debt.CatchUpPolicy`). In :class:`StoreStats` as ``catch_up_copies`` and
+    ``catch_up_reads``."""
+
+    copies_started: int = 0  # owed replicas handed to the writer
+    reads: int = 0  # owed replicas read back from another tier first
+
+    def snapshot(self) -> "CatchUpCounters":
+        return replace(self)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

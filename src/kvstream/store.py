@@ -52,12 +52,12 @@ from kvstream.format import (
 from kvstream.health import CircuitBreaker
 from kvstream.io.buffers import CallerBuffer
 from kvstream.io.engine import IOEngine, make_engine
-from kvstream.replica_debt import CatchUp, OwedReplicas
+from kvstream.replica_debt import CatchUp, OwedReplicas, ReplicaReport, check_replicas
 from kvstream.replication import CopyOrder, FullReplication, ReadObservation, parse_replication
 from kvstream.read_windows import make_read_windows
 from kvstream.removals import Removals
 from kvstream.routing import parse_router
-from kvstream.stats import MemoryStats, StoreStats, TierStats, percentiles
+from kvstream.stats import MemoryStats, StoreCounters, StoreStats, TierStats, percentiles
 from kvstream.read_step import ComputePlan, ReadStep
 from kvstream.reader import Reader
 from kvstream.writer import Writer
@@ -202,17 +202,14 @@ class Store:
         self.put_wait_s = 1.0  # longest a put waits for host memory held by unwritten chunks before dropping
         self._closed = False
         self.removals = Removals()  # guarded by _lock: a read that raced a remove must not cache its chunk
-        self._c: dict[str, float] = {
-            "puts": 0, "put_bytes": 0, "put_file_bytes": 0, "puts_duplicate": 0, "puts_dropped_no_memory": 0,
-            "get_chunks": 0, "memory_hits": 0, "disk_hits": 0, "misses": 0, "lost_chunks": 0,
-            "read_steps": 0, "read_seconds": 0.0, "verify_seconds": 0.0, "hedged_reads": 0,
-            "copies_ordered": 0, "flushes": 0, "stalled_reads": 0, "puts_dropped_unstored": 0,
-            "read_into_direct": 0, "read_into_copied": 0, "read_into_abandoned": 0,
-        }
+        self._counters = StoreCounters()  # the store's own; the reader, writer and catch-up keep theirs
         # Headers seen by this process (puts, reads), for get_meta without a disk read: bounded, oldest dropped.
         self._metas: dict[bytes, tuple[ChunkMeta, int]] = {}
         self._meta_intern: dict[ChunkMeta, ChunkMeta] = {}  # one ChunkMeta object per distinct shape
-        self._reader = Reader(self)
+        self._reader = Reader(tiers=self.tiers, health=self.health, memory=self.memory,
+                              read_windows=self.read_windows, router=self.router, removals=self.removals,
+                              lock=self._lock, remember_meta=self._remember_meta,
+                              hedge_after_s=config.hedge_after_s, verify_reads=config.verify_reads)
         # Copies the writer had to skip are owed (journal in the first tier's folder) and paid in the background.
         # When the first tier fails, its debts move to a journal on the second (named by the node's unique id).
         fallback_name = f"{node_uid or config.node_id}.log"
@@ -220,8 +217,13 @@ class Store:
             else None
         self.owed = OwedReplicas(None if self.tiers[0].down else self.tiers[0].root / "owed", config.node_id, names,
                                  fallback=fallback)
-        self._writer = Writer(self)
-        self._catch_up = CatchUp(self, self.owed)
+        self._writer = Writer(tiers=self.tiers, health=self.health, memory=self.memory,
+                              read_windows=self.read_windows, owed=self.owed, replication=self.replication,
+                              lock=self._lock, closed=lambda: self._closed, memory_bytes=config.memory_bytes)
+        self._catch_up = CatchUp(tiers=self.tiers, health=self.health, memory=self.memory, owed=self.owed,
+                                 writer=self._writer, serving_steps=lambda: self._reader.active_steps,
+                                 read_back=self._read_back, closed=lambda: self._closed,
+                                 chunk_bytes=config.chunk_bytes or 0)
 
     def _open_tiers(self, config: StoreConfig, node_uid: str | None) -> None:
         """Open each tier. A tier whose file system is failing (full, out of inodes, read-only, dead:
@@ -450,13 +452,13 @@ class Store:
         # that lacks the chunk adds that replica).
         held = [t.contains(key) for t in self.tiers]
         if key in self.memory or (all(held[t] for t in target) if target is not None else any(held)):
-            self._c["puts_duplicate"] += 1
+            self._counters.puts_duplicate += 1
             return False
         if self._writer.unstored()[1] >= self._writer.unstored_limit:
             # Half of host memory already holds puts no tier took (every tier failing): refuse this one now,
             # honestly, rather than acknowledge it and lose it, or wait for memory that will not come free.
-            self._c["puts_dropped_unstored"] += 1
-            if self._c["puts_dropped_unstored"] in (1, 100) or self._c["puts_dropped_unstored"] % 10000 == 0:
+            self._counters.puts_dropped_unstored += 1
+            if self._counters.puts_dropped_unstored in (1, 100) or self._counters.puts_dropped_unstored % 10000 == 0:
                 log.warning("put refused: %d B of host memory hold chunks no tier could take (every tier "
                             "failing?); they are written once a tier recovers", self._writer.unstored()[1])
             return False
@@ -469,7 +471,7 @@ class Store:
             self.flush()
             buf = self._writer.wait_for_buffer(fsize, self.put_wait_s)
             if buf is None:
-                self._c["puts_dropped_no_memory"] += 1
+                self._counters.puts_dropped_no_memory += 1
                 log.warning("put dropped: host memory (%d B) is full of unwritten chunks", self.config.memory_bytes)
                 return False
         mv = buf.view()
@@ -491,12 +493,12 @@ class Store:
         self._remember_meta(header)
         with self._lock:
             if self.memory.insert(entry, dirty=True) is not entry:  # another thread put it first
-                self._c["puts_duplicate"] += 1
+                self._counters.puts_duplicate += 1
                 return False
             self._writer.enqueue(entry, target, put=True)
-            self._c["puts"] += 1
-            self._c["put_bytes"] += n
-            self._c["put_file_bytes"] += fsize
+            self._counters.puts += 1
+            self._counters.put_bytes += n
+            self._counters.put_file_bytes += fsize
         return True
 
     def flush(self) -> int:
@@ -581,14 +583,14 @@ class Store:
                 elif out.kind == "closed":  # the store closed under the call: a miss, not a lost chunk
                     misses.append(i)
                 else:
-                    self._c["lost_chunks"] += 1
+                    self._counters.lost_chunks += 1
                     misses.append(i)
         for i in left:  # left to the GPU by the caller: not a miss of the store's
             yield i, None
         for i in misses:
-            self._c["misses"] += 1
+            self._counters.misses += 1
             yield i, None
-        self._c["read_seconds"] += time.perf_counter() - t_start
+        self._counters.read_seconds += time.perf_counter() - t_start
 
     def _plan_read(self, keys: Sequence[bytes], metas: Sequence[AccessMeta | None] | None
                    ) -> tuple[list[tuple[int, MemEntry, memoryview]], list[int], list[list[int]], list[int]]:
@@ -602,7 +604,7 @@ class Store:
         for i, key in enumerate(keys):
             got = self.memory.pin(key, meta=metas[i] if metas else None)
             if got is not None:
-                self._c["memory_hits"] += 1
+                self._counters.memory_hits += 1
                 hits.append((i, got[0], got[1]))
                 continue
             hs = self._holders_refreshed(key, now)
@@ -611,7 +613,7 @@ class Store:
                 holders.append(hs)
             else:
                 misses.append(i)
-        self._c["get_chunks"] += len(keys)
+        self._counters.get_chunks += len(keys)
         return hits, disk_idx, holders, misses
 
     def get_meta(self, keys: Sequence[bytes]) -> list[tuple[ChunkMeta, int] | None]:
@@ -644,6 +646,11 @@ class Store:
                 if got.kind == "delivered" and got.header is not None:
                     out[unknown[got.j]] = (got.header.meta, got.header.payload_len)
         return out
+
+    def _read_back(self, key: bytes) -> None:
+        """The catch-up's read-back: read ``key`` into host memory as the store's own work (not a serving step)."""
+        for _i, _chunk in self.read_chunks([key], background=True):
+            pass
 
     def _remember_meta(self, header: ChunkHeader) -> None:
         metas = self._metas
@@ -719,14 +726,14 @@ class Store:
                         busy.add(i)
                         yield i, ReadIntoResult(ok=False, busy=True, reason="stalled")
                     elif out.kind == "closed":  # the store closed under the call
-                        self._c["misses"] += 1
+                        self._counters.misses += 1
                         yield i, ReadIntoResult(ok=False, reason="closed")
                     else:
-                        self._c["lost_chunks"] += 1
+                        self._counters.lost_chunks += 1
                         lost.append(i)
             for reason, idx in (("unreadable", lost), ("absent", absent)):
                 for i in idx:
-                    self._c["misses"] += 1
+                    self._counters.misses += 1
                     yield i, ReadIntoResult(ok=False, reason=reason)
         finally:
             for _, _, view in hits:
@@ -734,14 +741,14 @@ class Store:
             for i, b in enumerate(bufs):
                 if i not in busy:  # a busy target is released by its stuck read when it ends
                     b.release()
-            self._c["read_seconds"] += time.perf_counter() - t_start
+            self._counters.read_seconds += time.perf_counter() - t_start
 
     def _after_read(self, keys: list[bytes], holders: list[list[int]], step: ReadStep) -> None:
         """A step is over: its tiers' bytes and busy time feed the read windows and the replication policy."""
         tier_bytes, busy = step.tier_bytes, step.busy_s
         for t in range(len(self.tiers)):
             self.read_windows.observe(t, tier_bytes[t], busy[t])
-        self._c["read_steps"] += 1
+        self._counters.read_steps += 1
         orders: list[CopyOrder] = self.replication.on_read(ReadObservation(
             now=time.monotonic(), keys=keys, holders=holders, tier_bytes=tier_bytes, tier_busy_s=busy))
         if not orders:
@@ -762,7 +769,7 @@ class Store:
                     continue
                 self.memory.mark_dirty(e)
                 self._writer.enqueue(e, frozenset(ts))
-                self._c["copies_ordered"] += len(ts)
+                self._counters.copies_ordered += len(ts)
                 ordered = True
         if ordered:
             self.flush()  # a node that only reads (a peer's prefixes) may never put: hand the copies over now
@@ -889,26 +896,26 @@ class Store:
                 index_damaged_records=t.index.damaged_records, down=t.down,
                 publish_conflicts=c.publish_conflicts, orphans_listed=c.orphans_listed,
             )
-        counts = dict(self._c)  # a copy: other threads keep counting
+        counts = self._counters.snapshot()  # a copy: other threads keep counting
+        rc = self._reader.counters.snapshot()
+        wc = self._writer.counters.snapshot()
+        cc = self._catch_up.counters.snapshot()
         unstored = self._writer.unstored()
-
-        def n(name: str) -> int:
-            return int(counts[name])
-
         mem = self.memory
         return StoreStats(
             io_engine=self.engine.name, router=self.config.router, replication=self.config.replication,
-            puts=n("puts"), put_bytes=n("put_bytes"), put_file_bytes=n("put_file_bytes"),
-            puts_duplicate=n("puts_duplicate"), puts_dropped_no_memory=n("puts_dropped_no_memory"),
-            get_chunks=n("get_chunks"), memory_hits=n("memory_hits"), disk_hits=n("disk_hits"),
-            misses=n("misses"), lost_chunks=n("lost_chunks"), read_steps=n("read_steps"),
-            read_seconds=float(counts["read_seconds"]), verify_seconds=float(counts["verify_seconds"]),
-            hedged_reads=n("hedged_reads"), copies_ordered=n("copies_ordered"), flushes=n("flushes"),
-            stalled_reads=n("stalled_reads"), read_into_direct=n("read_into_direct"),
-            read_into_copied=n("read_into_copied"), read_into_abandoned=n("read_into_abandoned"),
-            puts_dropped_unstored=n("puts_dropped_unstored"), unstored_chunks=unstored[0], unstored_bytes=unstored[1],
-            write_amplification=written / counts["put_file_bytes"] if counts["put_file_bytes"] else 0.0,
-            catch_up_copies=self._catch_up.copies_started, catch_up_reads=self._catch_up.reads,
+            puts=counts.puts, put_bytes=counts.put_bytes, put_file_bytes=counts.put_file_bytes,
+            puts_duplicate=counts.puts_duplicate, puts_dropped_no_memory=counts.puts_dropped_no_memory,
+            get_chunks=counts.get_chunks, memory_hits=counts.memory_hits, disk_hits=rc.disk_hits,
+            misses=counts.misses, lost_chunks=counts.lost_chunks, read_steps=counts.read_steps,
+            read_seconds=float(counts.read_seconds), verify_seconds=float(rc.verify_seconds),
+            hedged_reads=rc.hedged_reads, copies_ordered=counts.copies_ordered, flushes=wc.flushes,
+            stalled_reads=rc.stalled_reads, read_into_direct=rc.read_into_direct,
+            read_into_copied=rc.read_into_copied, read_into_abandoned=rc.read_into_abandoned,
+            puts_dropped_unstored=counts.puts_dropped_unstored, unstored_chunks=unstored[0],
+            unstored_bytes=unstored[1],
+            write_amplification=written / counts.put_file_bytes if counts.put_file_bytes else 0.0,
+            catch_up_copies=cc.copies_started, catch_up_reads=cc.reads,
             catch_up_reads_deferred=self._catch_up.reads_deferred,
             catch_up_reads_waited=self._catch_up.policy.reads_waited,
             catch_up_reads_wasted=self._catch_up.policy.read_backs_wasted,
@@ -921,6 +928,13 @@ class Store:
                                buffer_allocations=mem.pool.allocations, buffer_reuses=mem.pool.reuses),
             tiers=tiers,
         )
+
+    def check_replicas(self, *, repair: bool = False, timeout_s: float = 300.0) -> ReplicaReport:
+        """What ``kvstream verify --config`` reports: the copies owed and, with full replication, the deficits a
+        scan of the indexes finds; ``repair`` has the catch-up pay them (:func:`kvstream.replica_debt.check_replicas`)."""
+        return check_replicas(tiers=self.tiers, owed=self.owed, catch_up=self._catch_up, drain=self.drain,
+                              full=isinstance(self.replication, FullReplication),  # the parsed policy
+                              repair=repair, timeout_s=timeout_s)
 
     def observe_writes(self, listener: Callable[[str, float], None] | None) -> None:
         """Call ``listener(tier_name, seconds)`` after each copy is published, with its write latency (hand-over

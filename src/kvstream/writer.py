@@ -10,7 +10,8 @@ Each published copy's write latency (from its hand-over to the tier's writer thr
 included) is kept per tier (the last few thousand, for ``Store.stats()``'s percentiles) and passed to the
 listener set by :meth:`Writer.observe` (the LMCache plugin's histogram).
 A copy that cannot be written (disk full after eviction and one retry, EIO) is skipped and counted, never
-retried in a loop; a *second* copy is skipped while its tier's unfinished writes exceed ``write_backlog_bytes``.
+retried in a loop; a *second* copy is skipped while its tier's unfinished writes exceed ``write_backlog_bytes``
+(the backlog valve: :class:`kvstream.debt_policy.BacklogValve`, the simulator's too).
 A skipped second copy (backlog, open breaker, I/O error) is owed, not dropped: :mod:`kvstream.replica_debt`
 writes it once the tier can take it.
 
@@ -27,20 +28,23 @@ import os
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Any
 
+from kvstream.debt_policy import BacklogValve, ValveDecision
 from kvstream.errors import NO_SPACE, SHORTAGE, WRITE_RETRY, StoreClosedError
+from kvstream.health import CircuitBreaker
 from kvstream.io.buffers import AlignedBuffer
 from kvstream.io.engine import IOOp, OpKind
-from kvstream.replication import WriteIntent
+from kvstream.read_windows import ReadWindows
+from kvstream.replica_debt import OwedReplicas
+from kvstream.replication import ReplicationPolicy, WriteIntent
+from kvstream.stats import WriterCounters
 from kvstream.tiers.files import DirectoryTier
-from kvstream.tiers.memory import MemEntry
-
-if TYPE_CHECKING:
-    from kvstream.store import Store
+from kvstream.tiers.memory import HostMemoryTier, MemEntry
 
 __all__ = ["Writer"]
 
@@ -69,12 +73,29 @@ class _PendingWrite:
 
 
 class Writer:
-    """The write side of one :class:`~kvstream.store.Store` (see the module docstring)."""
+    """The write side of a store (see the module docstring), given what it writes with, not the store:
+    ``tiers`` and ``health`` (one circuit breaker per tier, same order), ``memory`` (the host-memory tier whose
+    dirty entries it writes), ``read_windows`` (a tier that recovers forgets the speed measured while it failed),
+    ``owed`` (the owed-replica journal: write-ahead records, and the copies it skips), ``replication`` (which
+    tiers a put's copies go to), ``lock`` (the store's metadata lock: it guards the pending list together with
+    host-memory inserts and removes), ``closed`` (whether the store has closed: no retry after) and
+    ``memory_bytes`` (host memory's size: the default backlog limit and the unstored-put limit). It counts in
+    its own :class:`~kvstream.stats.WriterCounters` (``counters``)."""
 
-    def __init__(self, store: "Store") -> None:
-        self.store = store
-        n = len(store.tiers)
-        self._pending: list[_PendingWrite] = []  # guarded by store._lock
+    def __init__(self, *, tiers: Sequence[DirectoryTier], health: Sequence[CircuitBreaker], memory: HostMemoryTier,
+                 read_windows: ReadWindows, owed: OwedReplicas, replication: ReplicationPolicy,
+                 lock: AbstractContextManager[Any], closed: Callable[[], bool], memory_bytes: int) -> None:
+        self._tiers = tiers
+        self._health = health
+        self._memory = memory
+        self._windows = read_windows
+        self._owed = owed
+        self._replication = replication
+        self._lock = lock
+        self._closed = closed
+        self.counters = WriterCounters()  # this writer's figures (Store.stats() copies them)
+        n = len(tiers)
+        self._pending: list[_PendingWrite] = []  # guarded by self._lock
         self._writes_inflight = 0
         # Flushes that took pending copies and are still handing them over (outside the store's lock): a drain
         # on another thread waits for them too, or it could report done before those copies were counted.
@@ -90,17 +111,18 @@ class Writer:
         self._unstored_bytes = 0
         # Past this many bytes of unstored puts, put() refuses new chunks (returns False, counted) rather than
         # fill host memory with chunks no tier takes.
-        self.unstored_limit = store.config.memory_bytes // 2
-        self._backlog_limit = [t.cfg.write_backlog_bytes if t.cfg.write_backlog_bytes is not None
-                               else store.config.memory_bytes // 2 for t in store.tiers]
+        self.unstored_limit = memory_bytes // 2
+        # The write backlog valve (kvstream.debt_policy, the simulator's too): each tier's write_backlog_bytes,
+        # or half of host memory.
+        self.valve = BacklogValve.for_store([t.cfg.write_backlog_bytes for t in tiers], memory_bytes)
         self._writes_cv = threading.Condition(threading.Lock())
         self._publisher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kvs-publish")
         # One writer thread per tier starts its writes (room, temporary file): flush() never waits for a slow or
         # frozen file system, and one tier's never holds up another's.
         self._writers = [ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"kvs-write-{t.name}")
-                         for t in store.tiers]
+                         for t in self._tiers]
         # Recent write latencies per tier (s), appended by the publisher thread, copied under _latency_lock.
-        self._latencies: list[deque[float]] = [deque(maxlen=_LATENCIES_KEPT) for _ in store.tiers]
+        self._latencies: list[deque[float]] = [deque(maxlen=_LATENCIES_KEPT) for _ in self._tiers]
         self._latency_lock = threading.Lock()
         self._listener: WriteListener | None = None
 
@@ -132,26 +154,26 @@ class Writer:
         with self._writes_cv:
             since = self._write_busy_since[t]
             open_s = time.perf_counter() - since if since is not None else 0.0
-            return self.store.tiers[t].counters.write_busy_s + open_s
+            return self._tiers[t].counters.write_busy_s + open_s
 
-    def backlog_limit(self, t: int) -> int:
-        return self._backlog_limit[t]
+    def backlog_limit(self, t: int) -> int | None:
+        """Tier ``t``'s write backlog valve limit (bytes; :class:`kvstream.debt_policy.BacklogValve`)."""
+        return self.valve.limit(t)
 
     def order_copy(self, key: bytes, t: int) -> bool:
         """Queue a copy of ``key`` to tier ``t`` for the next flush, if its payload is in host memory (the
         catch-up of owed replicas, :mod:`kvstream.replica_debt`). The entry is dirty (kept) until written."""
-        store = self.store
-        with store._lock:
-            e = store.memory.peek(key)
+        with self._lock:
+            e = self._memory.peek(key)
             if e is None or e.removed or (t, key) in self._copying:
                 return False
             if any(pw.entry.key == key and (pw.tiers is None or t in pw.tiers) for pw in self._pending):
                 return False
-            store.memory.mark_dirty(e)
+            self._memory.mark_dirty(e)
             self.enqueue(e, frozenset((t,)))
         return True
 
-    # -- pending copies (callers hold store._lock) -----------------------------------------------------------
+    # -- pending copies (callers hold self._lock) -----------------------------------------------------------
     def enqueue(self, entry: MemEntry, tiers: frozenset[int] | None, *, put: bool = False) -> None:
         """A dirty entry waits for the next flush (``tiers``: the tiers to copy to; None: the policy's).
         ``put``: the entry's dirty mark is a put's (it becomes the durability hold at hand-over)."""
@@ -186,7 +208,7 @@ class Writer:
             del self._held[key]
             self._mark_not_unstored(key)
             self._writes_cv.notify_all()
-        self.store.memory.mark_clean(held)
+        self._memory.mark_clean(held)
         return True
 
     def held_keys(self) -> list[bytes]:
@@ -212,7 +234,7 @@ class Writer:
         got: list[AlignedBuffer] = []
 
         def freed() -> bool:
-            b = self.store.memory.allocate(nbytes)
+            b = self._memory.allocate(nbytes)
             if b is not None:
                 got.append(b)
             return b is not None
@@ -223,9 +245,9 @@ class Writer:
 
     def flush(self) -> int:
         """Hand every buffered put to the tiers' writer threads (the step boundary). Returns copies handed over."""
-        with self.store._lock:
+        with self._lock:
             pending, self._pending = self._pending, []
-            self.store._c["flushes"] += 1
+            self.counters.flushes += 1
             if not pending:
                 return 0
             with self._writes_cv:  # taken with the list: a drain from here on waits for this hand-over
@@ -243,30 +265,31 @@ class Writer:
         for pw in pending:
             entry = pw.entry
             if entry.removed:
-                self.store.memory.mark_clean(entry)
+                self._memory.mark_clean(entry)
                 continue
             targets = pw.tiers
             if targets is None:
-                targets = self.store.replication.targets(
+                targets = self._replication.targets(
                     WriteIntent(key=entry.key, nbytes=entry.header.payload_len, position=entry.position),
-                    len(self.store.tiers))
-            copies = sum(1 for t in self.store.tiers if t.contains(entry.key))
+                    len(self._tiers))
+            copies = sum(1 for t in self._tiers if t.contains(entry.key))
             stored = copies > 0  # a tier holds it already: nothing to hold it in memory for
             for t in sorted(targets):  # tier order: the first (fastest) tier takes the copy that is never skipped
-                tier = self.store.tiers[t]
+                tier = self._tiers[t]
                 if tier.contains(entry.key):
                     continue
                 if tier.down:  # could not be opened: skipped, not owed (a journal line per put, for ever)
                     tier.counters.write_skipped_unhealthy += 1
                     continue
-                if not self.store._usable(t, now):
+                if not self._health[t].usable(now):
                     tier.counters.write_skipped_unhealthy += 1
-                    self.store.owed.owe(tier.name, entry.key)
+                    self._owed.owe(tier.name, entry.key)
                     continue
-                if copies and self._write_backlog[t] >= self._backlog_limit[t]:
+                verdict = self.valve.decide(t, copies=copies, backlog=self._write_backlog[t])
+                if verdict is not ValveDecision.WRITE:
                     tier.counters.write_skipped_backlog += 1
-                    if self._backlog_limit[t] > 0:  # deferred, not dropped (0: the operator wants one copy)
-                        self.store.owed.owe(tier.name, entry.key)
+                    if verdict is ValveDecision.OWE:  # deferred, not dropped (SKIP: the operator wants one copy)
+                        self._owed.owe(tier.name, entry.key)
                     continue
                 if self._submit_write(tier, entry):
                     submitted += 1
@@ -278,7 +301,7 @@ class Writer:
                 if entry.removed:  # remove() ran meanwhile and found no hold to end: end it here
                     self.release_hold(entry.key, entry)
             else:
-                self.store.memory.mark_clean(entry)  # the put's or order's mark; per-write marks were added above
+                self._memory.mark_clean(entry)  # the put's or order's mark; per-write marks were added above
         return submitted
 
     def _submit_write(self, tier: DirectoryTier, entry: MemEntry, attempt: int = 0,
@@ -290,10 +313,10 @@ class Writer:
         fsize = entry.file_size
         if submitted is None:
             submitted = time.perf_counter()
-        self.store.memory.mark_dirty(entry)
+        self._memory.mark_dirty(entry)
         # Write-ahead: the copy is journalled as owed before it is issued and cleared when it lands, so a process
         # killed (or closed past its timeout) with it in flight finds it owed at the next open.
-        self.store.owed.intend(tier.name, entry.key)
+        self._owed.intend(tier.name, entry.key)
         with self._writes_cv:
             self._writes_inflight += 1
             if self._write_busy_since[tier.position] is None:
@@ -340,7 +363,7 @@ class Writer:
     def _write_over(self, tier: DirectoryTier, entry: MemEntry, fsize: int) -> None:
         """One copy of ``entry`` is done with (published, failed, or never started): its dirty mark and its
         place in the tier's backlog go."""
-        self.store.memory.mark_clean(entry)
+        self._memory.mark_clean(entry)
         with self._writes_cv:
             self._writes_inflight -= 1
             self._write_backlog[tier.position] -= fsize
@@ -395,18 +418,18 @@ class Writer:
                 except FileNotFoundError:
                     pass
                 tier.unreserve(fsize)
-                self.store.owed.paid(tier.name, entry.key)  # no longer wanted
+                self._owed.paid(tier.name, entry.key)  # no longer wanted
                 return
             if ok:
                 try:
                     tier.publish(entry.key, tmp, fsize)
                     tier.counters.write_bytes += fsize
                     tier.counters.write_chunks += 1
-                    self.store.owed.paid(tier.name, entry.key)
+                    self._owed.paid(tier.name, entry.key)
                     self.release_hold(entry.key, entry)  # a copy landed: host memory is no longer the only one
-                    if self.store.health[tier.position].on_success(time.monotonic()):  # recovered: forget its
+                    if self._health[tier.position].on_success(time.monotonic()):  # recovered: forget its
                         # speed measured while failing
-                        self.store.read_windows.forget(tier.position)
+                        self._windows.forget(tier.position)
                 except OSError as exc:
                     ok, err = False, -(exc.errno or 5)
                 else:
@@ -422,10 +445,10 @@ class Writer:
                 tier.unreserve(fsize)
                 # Disk fuller than our share says (other users): evict this tier's own chunks and retry once,
                 # asynchronously (the entry stays dirty until the retry is done); else skip the copy, counted.
-                if -err in NO_SPACE and attempt == 0 and not self.store._closed and tier.make_room(fsize):
+                if -err in NO_SPACE and attempt == 0 and not self._closed() and tier.make_room(fsize):
                     tier.counters.write_retried_nospace += 1
                     self._submit_write(tier, entry, attempt=1, submitted=submitted)  # a 2nd failure is counted there
-                elif -err in WRITE_RETRY and attempt == 0 and not self.store._closed:
+                elif -err in WRITE_RETRY and attempt == 0 and not self._closed():
                     # A shared tier's handle went stale (a peer's delete, a folder re-created) or GlusterFS said
                     # ENODATA (a file's metadata not settled): a new temporary usually works; retried once,
                     # counted; a second failure is counted there (errors.WRITE_RETRY).
@@ -454,9 +477,9 @@ class Writer:
             with self._writes_cv:
                 owed = key in self._held
         if owed:
-            self.store.owed.owe(tier.name, key)
+            self._owed.owe(tier.name, key)
         else:
-            self.store.owed.paid(tier.name, key)  # skipped: its journal record ends
+            self._owed.paid(tier.name, key)  # skipped: its journal record ends
         return owed
 
     def _write_failed(self, tier: DirectoryTier, key: bytes, err: int) -> None:
@@ -469,7 +492,7 @@ class Writer:
             tier.counters.write_errors += 1
             owed = self._not_written(tier, key, owed=True)  # written later from memory or another holder
             if -err not in SHORTAGE:  # this process (or the system) is short: not the tier's fault
-                self.store.health[tier.position].on_failure(time.monotonic())
+                self._health[tier.position].on_failure(time.monotonic())
         log.warning("tier %s: write failed (%s); copy %s", tier.name, os.strerror(-err) if err < 0 else err,
                     "owed (written later)" if owed else "skipped")
 

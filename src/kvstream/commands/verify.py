@@ -58,7 +58,7 @@ from kvstream.errors import UsageError
 from kvstream.tiers.recheck import check_chunk_file
 from kvstream.tiers.files import MARKER, TMP_RE, _MARKER_TEXT, _TMP_MAX_AGE_S
 from kvstream.tiers.index import OP_DEL, OP_PUT, SNAPSHOT_SUFFIX, TierIndex, _encode, _parse_snapshot, _scan_log, log_owner
-from kvstream.replica_debt import ReplicaReport, check_replicas
+from kvstream.replica_debt import ReplicaReport
 
 __all__ = ["register", "verify_tier", "Finding", "TierReport"]
 
@@ -485,7 +485,7 @@ def _replicas(config: str, repair: bool) -> ReplicaReport:
     from kvstream.store import open_store
 
     with open_store(config) as store:
-        return check_replicas(store, repair=repair)
+        return store.check_replicas(repair=repair)
 
 
 def _run(args: argparse.Namespace) -> int:

@@ -54,7 +54,7 @@ from typing import Any, ClassVar, Protocol, cast
 from kvstream.eviction import AccessMeta, EvictionPolicy, eviction_options, make_eviction_policy
 from kvstream.compute import ComputePolicy, leading_computed, split_load
 from kvstream.read_step import Action, ChunkState, Compute, Deliver, Open, ReadState, ReadStep, Release, Submit
-from kvstream.replica_debt import CatchUpPolicy, DebtAction
+from kvstream.debt_policy import BacklogValve, CatchUpPolicy, DebtAction, ValveDecision
 from kvstream.replication import CopyOrder, ReadObservation, ReplicationPolicy, WriteIntent
 from kvstream.read_windows import ReadWindows
 from kvstream.routing import ReadRouter
@@ -247,11 +247,11 @@ class SimStorage:
         self.busy_log: list[tuple[float, ...]] = []  # per load in read_log: each tier's busy seconds in its step
         # The write backlog valve, per tier (None: off); see the module docstring.
         if write_backlog_bytes is None or isinstance(write_backlog_bytes, int):
-            self.backlog_limit: list[int | None] = [write_backlog_bytes] * len(self.tiers)
-        else:
-            if len(write_backlog_bytes) != len(self.tiers):
-                raise ValueError(f"write_backlog_bytes: {len(write_backlog_bytes)} limits for {len(self.tiers)} tiers")
-            self.backlog_limit = list(write_backlog_bytes)
+            write_backlog_bytes = [write_backlog_bytes] * len(self.tiers)
+        elif len(write_backlog_bytes) != len(self.tiers):
+            raise ValueError(f"write_backlog_bytes: {len(write_backlog_bytes)} limits for {len(self.tiers)} tiers")
+        self.valve = BacklogValve(write_backlog_bytes)  # the store's own valve object (kvstream.debt_policy)
+        self.backlog_limit = self.valve.limits  # per tier, None: off (the same list, not a copy)
         self._owed: list[dict[Hashable, None]] = [{} for _ in self.tiers]  # tier -> chunks owed (oldest first)
         self._catch_up_due = False  # a catch-up pass is scheduled
         self._catch_up_busy = False  # a pass is reading a chunk back
@@ -557,19 +557,20 @@ class SimStorage:
                 self._enqueue_write(t, chunks)
 
     def _valve(self, c: Hashable, todo: list[int], per_tier: list[list[Hashable]]) -> list[int]:
-        """The store's write backlog valve (``Writer.flush``): in tier order, a copy is skipped and owed when the
-        chunk already has a copy (on a tier, or handed over in this flush) and the tier's backlog (bytes queued
-        or in flight, this flush's included) is at or past its limit."""
-        if all(lim is None for lim in self.backlog_limit):
+        """The store's write backlog valve (:class:`~kvstream.debt_policy.BacklogValve`, as ``Writer.flush`` asks
+        it): in tier order, a copy is skipped and owed when the chunk already has a copy (on a tier, or handed
+        over in this flush) and the tier's backlog (bytes queued or in flight, this flush's included) is at or
+        past its limit."""
+        if not self.valve.active:
             return todo
         copies = sum(1 for s in self._sets if c in s)
         keep = []
         for t in sorted(todo):
-            lim = self.backlog_limit[t]
             pending = self.tiers[t].backlog_bytes + len(per_tier[t]) * self.chunk_bytes
-            if copies and lim is not None and pending >= lim:
+            verdict = self.valve.decide(t, copies=copies, backlog=pending)
+            if verdict is not ValveDecision.WRITE:
                 self.tiers[t].skipped_backlog += 1
-                if lim > 0:  # deferred, not dropped (0: one copy wanted)
+                if verdict is ValveDecision.OWE:  # deferred, not dropped (SKIP: one copy wanted)
                     self._owe(t, c)
                 continue
             keep.append(t)
