@@ -181,3 +181,23 @@ def test_concurrent_pinners_never_lose_a_pinned_chunk(disk_tmp, eviction):
         assert st.evicted_chunks > 50  # the churn was real
         assert st.pinned_chunks == 0 and len(s.pins) == 0
         assert st.used_bytes <= n_fit * FILE
+
+
+def test_close_with_a_put_refused_by_pins_returns_promptly_and_reports_it(disk_tmp):
+    """A copy refused because every chunk on its tier is pinned is refused again on every try: close pays what
+    it can and stops once a round pays nothing, reporting the put as unstored and owed, instead of re-ordering
+    the same refused copy until its timeout."""
+    s = kvstream.open_store(cfg(disk_tmp, 3))
+    try:
+        for i in range(3):
+            put(s, i)
+            assert s.pin(key(i))
+        assert s.put(key(3), data(3))
+        s.flush()
+        assert not s.drain(10)
+    finally:
+        t0 = time.monotonic()
+        report = s.close(timeout=30)
+        took = time.monotonic() - t0
+    assert took < 10, f"close took {took:.1f} s re-ordering a copy the pins refuse"
+    assert not report and report.unstored == 1 and dict(report.owed).get("local") == 1

@@ -487,9 +487,11 @@ class CatchUp:
         read back): what is left stays journalled for the next open. Serving reads are not waited for."""
         while sum(self.owed.counts().values()) and (deadline is None or time.monotonic() < deadline):
             before = sum(self.owed.counts().values())
-            started = self.round(final=True)
+            self.round(final=True)
             self._writer.drain(None if deadline is None else max(0.0, deadline - time.monotonic()))
-            if not started and sum(self.owed.counts().values()) >= before:
+            if sum(self.owed.counts().values()) >= before:
+                # nothing paid: copies handed over were refused or failed again (a tier whose chunks are all
+                # pinned refuses each time), and another round would only repeat them until the deadline
                 return
 
     def round(self, *, final: bool = False) -> int:
