@@ -17,7 +17,7 @@ from kvstream.commands.replay import (_crosscheck, _LoadProbe, _measure_tiers, c
 from kvstream.eviction import make_eviction_policy
 from kvstream.replication import parse_replication
 from kvstream.routing import parse_router
-from kvstream.serving.core import WriteChunks
+from kvstream.serving.core import StartLoad, WriteChunks
 from kvstream.serving.gpu import CostModel, get_gpu, get_model_shape
 from kvstream.sim.devices import Device
 from kvstream.sim.driver import Hardware, SystemConfig, TierModel, simulate
@@ -83,7 +83,7 @@ def test_the_models_read_backs_wait_for_a_load_as_the_stores_do():
     got = []
     reads_before = st.stats()["catch_up_reads_t0"]
     start = loop.now
-    st.start_load(0, [(1, tuple(old))], got.append)
+    st.start_load(StartLoad(load_id=0, items=((1, tuple(old)),), background=False), got.append)
     st._catch_up()
     loop.run(until=start + 1.0)  # the load (60 x 48 MiB at 0.5 GB/s: ~6 s) is still reading
     assert not got and st._reading_loads == 1
@@ -121,7 +121,7 @@ def _one_tier_load(windows, verify_s, n=20):
     ids = list(range(1, n + 1))
     st.prewarm(ids)
     got = []
-    st.start_load(0, [(1, tuple(ids))], got.append)
+    st.start_load(StartLoad(load_id=0, items=((1, tuple(ids)),), background=False), got.append)
     loop.run(until=1e6)
     assert got and got[0].available == ((1, n),)
     return st.read_log[0][1]

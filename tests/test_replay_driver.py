@@ -11,10 +11,11 @@ import heapq
 from _serving_fakes import LinearCost, req, run
 
 from kvstream.serving.core import LoadDone, ServingConfig, ServingCore, WriteChunks
-from kvstream.serving.realtime import Clock, RealtimeBackend, RealtimeDriver
+from kvstream.serving.backend import ServingBackend
+from kvstream.serving.realtime import Clock, RealtimeDriver
 
 
-class FakeRTBackend(RealtimeBackend):
+class FakeRTBackend(ServingBackend):
     def __init__(self, clock, disk, fixed, per_chunk):
         self.clock, self.disk, self.fixed, self.per_chunk = clock, set(disk), fixed, per_chunk
         self.host: set = set()
@@ -51,6 +52,9 @@ class FakeRTBackend(RealtimeBackend):
         pass
 
     def flush(self):
+        pass
+
+    def release(self, chunk_ids):
         pass
 
 
@@ -236,7 +240,7 @@ class _StallingClock(Clock):
             self._cv.notify_all()
 
 
-class _ThreadBackend(RealtimeBackend):
+class _ThreadBackend(ServingBackend):
     """Every chunk on disk; each load posts from its own thread after 50 ms."""
 
     def lookup(self, ids):
@@ -256,6 +260,9 @@ class _ThreadBackend(RealtimeBackend):
         pass
 
     def flush(self):
+        pass
+
+    def release(self, chunk_ids):
         pass
 
 

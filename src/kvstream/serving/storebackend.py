@@ -41,7 +41,7 @@ from kvstream.io.throttle import ThrottledEngine
 from kvstream.keys import ChunkKeyer, KeyNamespace
 from kvstream.read_step import ReadStep
 from kvstream.serving.core import LoadDone, StartLoad, WriteChunks
-from kvstream.serving.realtime import RealtimeBackend
+from kvstream.serving.backend import ServingBackend
 from kvstream.store import RECOMPUTED, ComputeRequest
 
 __all__ = ["StoreBackend", "ThrottledEngine", "LoadRecord", "disk_load_gbps"]
@@ -88,7 +88,7 @@ def _meta4(meta: Sequence[Any]) -> tuple[Hashable | None, int | None, int | None
     return m[0], m[1], m[2], m[3]
 
 
-class StoreBackend(RealtimeBackend):
+class StoreBackend(ServingBackend):
     """The real store behind a real-time run (see the module docstring)."""
 
     def __init__(self, store: Any, *, model: str, chunk_bytes: int, workers: int = 2,

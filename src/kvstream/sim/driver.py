@@ -3,8 +3,10 @@
 Entities (a :class:`SimNode` per serving instance: its :class:`~kvstream.serving.core.ServingCore` and its
 :class:`~kvstream.sim.storage.SimStorage`), models (:class:`~kvstream.serving.gpu.CostModel`,
 :class:`~kvstream.sim.devices.Device`) and events (the core's own :mod:`kvstream.serving.core` events, on the
-:class:`~kvstream.sim.engine.EventLoop`) are kept apart: the driver only turns the core's actions into
-scheduled events and storage calls, exactly as ``kvstream replay`` turns them into real I/O and waits.
+:class:`~kvstream.sim.engine.EventLoop`) are kept apart: the node hands each event to
+:func:`kvstream.serving.backend.deliver`, the code ``kvstream replay``'s driver uses too, which carries the core's
+storage actions out on the :class:`~kvstream.serving.backend.ServingBackend` (here the modelled store); only the
+clock is the simulator's own (a forward step is an event on the loop).
 
 Several nodes share a tier when its :class:`TierModel` says ``shared=True`` (one PFS for the cluster).
 """
@@ -24,18 +26,15 @@ from kvstream.eviction import EvictionPolicy, make_eviction_policy
 from kvstream.replication import parse_replication
 from kvstream.read_windows import ReadWindows, make_read_windows
 from kvstream.routing import parse_router
+from kvstream.serving.backend import Record, deliver, dispatch, window_wanted
 from kvstream.serving.core import (
     Action,
     Arrival,
     Event,
-    Flush,
-    ReleaseChunks,
     ServingConfig,
     ServingCore,
-    StartLoad,
     StartStep,
     StepDone,
-    WriteChunks,
     staging_budget_chunks,
 )
 from kvstream.serving.gpu import CostModel, get_gpu, get_model_shape
@@ -154,8 +153,7 @@ class SimNode:
     """One serving instance in the simulation: core + store + its arrivals."""
 
     def __init__(self, loop: EventLoop, core: ServingCore, storage: SimStorage, requests: Sequence[Request],
-                 *, on_change: Callable[[], None] | None = None,
-                 record: list[tuple[float, Event, tuple[Action, ...]]] | None = None) -> None:
+                 *, on_change: Callable[[], None] | None = None, record: Record | None = None) -> None:
         self.loop = loop
         self.core = core
         self.storage = storage
@@ -163,7 +161,7 @@ class SimNode:
         self._next = 0
         self._on_change = on_change
         self.record = record
-        self._window = core.cfg.eviction_window  # the same rule replay's driver uses
+        self._window = window_wanted(core, storage)  # the rule replay's driver uses
 
     @property
     def arrivals_left(self) -> int:
@@ -181,34 +179,16 @@ class SimNode:
         self.deliver(Arrival(request=r))
 
     def deliver(self, ev: Event) -> None:
-        actions = self.core.handle(ev, self.loop.now)
-        if self.record is not None:
-            self.record.append((self.loop.now, ev, tuple(actions)))
-        self.dispatch(actions)
-        pol = self.storage.policy
-        if self._window and hasattr(pol, "set_window"):
-            pol.set_window(self.core.window_sessions())
+        deliver(self.core, self.storage, ev, self.loop.now, post=self.deliver, start_step=self._start_step,
+                window=self._window, record=self.record)
         if self._on_change is not None:
             self._on_change()
 
+    def _start_step(self, a: StartStep) -> None:
+        self.loop.at(self.loop.now + a.duration, PRIO_STEP, self.deliver, StepDone(step_id=a.step_id))
+
     def dispatch(self, actions: Sequence[Action]) -> None:
-        loop, storage = self.loop, self.storage
-        for a in actions:
-            if isinstance(a, StartStep):
-                loop.at(loop.now + a.duration, PRIO_STEP, self.deliver, StepDone(step_id=a.step_id))
-            elif isinstance(a, StartLoad):
-                if a.compute_s:
-                    storage.start_load(a.load_id, a.items, self.deliver, a.metas, compute_s=a.compute_s)
-                else:  # a store without compute (test fakes) keeps its four-argument start_load
-                    storage.start_load(a.load_id, a.items, self.deliver, a.metas)
-            elif isinstance(a, WriteChunks):
-                storage.write(a)
-            elif isinstance(a, Flush):
-                storage.flush()
-            elif isinstance(a, ReleaseChunks):
-                storage.release(a.chunk_ids)
-            else:  # pragma: no cover
-                raise TypeError(f"unknown action {a!r}")
+        dispatch(actions, self.storage, post=self.deliver, start_step=self._start_step)
 
     @property
     def done(self) -> bool:
@@ -262,7 +242,7 @@ def simulate(
     slo_s: float = 1.0,
     sample_every_s: float | None = None,
     until: float | None = None,
-    record: list[tuple[float, Event, tuple[Action, ...]]] | None = None,
+    record: Record | None = None,
     prewarm: Sequence[Sequence[Sequence[Any]]] | None = None,
     prewarm_tiers: Sequence[str] | None = None,
 ) -> SimResult:

@@ -1,7 +1,8 @@
 """The modelled store of one node: host memory + disk tiers on modelled devices, driven by the real policies.
 
-It answers the serving core's ``lookup`` and carries out its ``StartLoad`` / ``WriteChunks`` /
-``ReleaseChunks`` actions in simulated time, with the *same* policy objects the real engine uses:
+It is a :class:`~kvstream.serving.backend.ServingBackend`, as replay's real store behind the core is: it answers
+the serving core's ``lookup`` and carries out its ``StartLoad`` / ``WriteChunks`` / ``Flush`` / ``ReleaseChunks``
+actions (dispatched by the one :func:`kvstream.serving.backend.dispatch`) in simulated time, with the *same* policy objects the real engine uses:
 a :class:`kvstream.routing.ReadRouter` decides which tier reads which chunk of a load, a
 :class:`kvstream.replication.ReplicationPolicy` which tiers get each written chunk (and which copies to add
 after a read), and a :class:`kvstream.eviction.EvictionPolicy` which host-memory chunk leaves.
@@ -58,7 +59,8 @@ from kvstream.replica_debt import CatchUpPolicy, DebtAction
 from kvstream.replication import CopyOrder, ReadObservation, ReplicationPolicy, WriteIntent
 from kvstream.read_windows import ReadWindows
 from kvstream.routing import ReadRouter
-from kvstream.serving.core import LoadDone, WriteChunks
+from kvstream.serving.backend import ServingBackend
+from kvstream.serving.core import LoadDone, StartLoad, WriteChunks
 from kvstream.sim.devices import READ, WRITE, Device
 from kvstream.sim.engine import PRIO_IO, EventLoop
 
@@ -126,7 +128,7 @@ class _Load:
         self.chain = 0  # leading chunks of items[0] the read step's compute source may recompute
 
 
-class SimStorage:
+class SimStorage(ServingBackend):
     """One node's modelled store. ``lookup`` is the serving core's query; the rest carry out its actions."""
 
     def __init__(
@@ -253,12 +255,12 @@ class SimStorage:
             self._unpin(c)
 
     # -- loads ----------------------------------------------------------------------------------------------
-    def start_load(self, load_id: int, items: Sequence[tuple[int, tuple[Hashable, ...]]],
-                   on_done: Callable[[LoadDone], None],
-                   metas: Sequence[tuple[Hashable | None, int | None, *tuple[int, ...]]] = (),
-                   compute_s: Sequence[Sequence[float]] = ()) -> None:
+    def start_load(self, action: StartLoad, post: Callable[[LoadDone], None]) -> None:
+        """Pin what host memory holds and read the rest in one read step; ``post(LoadDone)`` runs as an event on the
+        loop when the load is over (never from inside this call)."""
+        items, metas, compute_s = action.items, action.metas, action.compute_s
         n_t = len(self.tiers)
-        ld = _Load(load_id, items, on_done, self.loop.now)
+        ld = _Load(action.load_id, items, post, self.loop.now)
         host, sets = self._host, self._sets
         for k, (_, chunks) in enumerate(items):
             if k < len(metas) and metas[k][0] is not None:
@@ -649,6 +651,20 @@ class SimStorage:
                 if pol is not None and c not in self._sets[t]:
                     pol.on_insert(c, self.chunk_bytes)
                 self._sets[t][c] = None
+
+    # -- the serving backend's window and samples --------------------------------------------------------------
+    @property
+    def wants_window(self) -> bool:
+        """The host-memory policy is queue-aware (the store's rule: ``HostMemoryTier.queue_aware``)."""
+        return hasattr(self.policy, "set_window")
+
+    def set_window(self, sessions: Sequence[Hashable]) -> None:
+        set_window = getattr(self.policy, "set_window", None)
+        if set_window is not None:
+            set_window(sessions)
+
+    def sample(self) -> dict[str, int]:
+        return self.tier_bytes()
 
     # -- reports --------------------------------------------------------------------------------------------
     def busy(self) -> bool:
