@@ -54,9 +54,12 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kvstream.errors import NothingMeasuredError, UsageError
+
+if TYPE_CHECKING:
+    from kvstream.sim.driver import SystemConfig
 
 __all__ = ["register", "run_replay", "SYSTEMS", "disk_warning", "check_setup", "nothing_measured"]
 
@@ -273,7 +276,7 @@ class _LoadProbe:
 def _run_one(name: str, reqs: list[Any], tiers: list[tuple[str, Path]], args: argparse.Namespace, *,
              emulated: bool, progress: Any, cost: Any, measured: dict[str, dict[str, float]],
              label: str | None = None) -> dict[str, Any]:
-    from kvstream.config import parse_size
+    from kvstream.config import StoreConfig, parse_size
     from kvstream.io import make_engine
     from kvstream.serving.core import ServingCore
     from kvstream.serving.metrics import summarize
@@ -302,11 +305,12 @@ def _run_one(name: str, reqs: list[Any], tiers: list[tuple[str, Path]], args: ar
         "create_dirs": True,
         "chunk_bytes": chunk_bytes,  # the store refuses, at open, a tier or host memory below one chunk
     }
+    config = StoreConfig.from_any(cfg)  # the one schema: the store opens it, the crosscheck's model derives from it
     engine = make_engine("auto")
     if emulated and len(use) == 2:
         bw = args.emulate_gbps * 1e9
         engine = ThrottledEngine(engine, {f"{use[1][0]}-r": bw, f"{use[1][0]}-w": bw})
-    store = open_store(cfg, engine=engine)
+    store = open_store(config, engine=engine)
     # Host memory resident before the first request, as a serving engine's pinned buffers are (Store.
     # prefault_memory): otherwise the run's largest load pays for first touching fresh memory.
     store.prefault_memory(chunk_bytes)
@@ -340,15 +344,6 @@ def _run_one(name: str, reqs: list[Any], tiers: list[tuple[str, Path]], args: ar
         store.drain(timeout=60)
         stats = store.stats()
         thread_cpu = meter.stop()
-        # What the crosscheck's model must be given to run the store's read and write rules (_crosscheck).
-        store_model = {
-            "read_windows": store.config.read_windows,
-            "read_window_bytes": [t.cfg.read_inflight_bytes for t in store.tiers],
-            "read_window_floor_bytes": store.config.chunk_bytes or 0,
-            "capacity_bytes": [t.cfg.capacity_bytes for t in store.tiers],
-            "write_backlog_bytes": [t.cfg.write_backlog_bytes if t.cfg.write_backlog_bytes is not None
-                                    else store.config.memory_bytes // 2 for t in store.tiers],
-        }
     finally:
         backend.close()
         store.close()
@@ -383,7 +378,7 @@ def _run_one(name: str, reqs: list[Any], tiers: list[tuple[str, Path]], args: ar
                                                   "read_chunks", "duplicate_chunks", "write_skipped_backlog")}
                        for k, v in stats.tiers.items()},
         "verify_s_per_chunk": stats.verify_seconds / max(stats.disk_hits, 1),
-        "store_model": store_model,
+        "store_config": config,  # what the crosscheck's model runs the store's rules from (crosscheck_system)
         "load_steps": probe.loads,
         "thread_cpu": {k: {"cpu_s": v.cpu_s, "runq_s": v.runq_s} for k, v in sorted(thread_cpu.items())},
         "gil_wait_share": meter.gil_wait_share,
@@ -555,7 +550,7 @@ def run_replay(args: argparse.Namespace) -> dict[str, Any]:
 
 
 # Per-run detail kept out of the JSON's rows (the figure and the crosscheck use it).
-_BULKY = ("ttfts", "ttft_by_request", "tier_series", "steps_read_s", "step_read_bytes", "load_steps")
+_BULKY = ("ttfts", "ttft_by_request", "tier_series", "steps_read_s", "step_read_bytes", "load_steps", "store_config")
 
 
 def _merge_rounds(runs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -764,10 +759,12 @@ def _measure_tiers(tiers: list[tuple[str, Path]], args: argparse.Namespace, cost
     return out
 
 
-def crosscheck_system(measured: dict[str, dict[str, float]], real: dict[str, Any], memory_bytes: int) -> Any:
-    """The simulator's ``kvstream-only`` for the crosscheck: the tiers' bandwidths measured through the store
-    (alone and while writing, :func:`_measure_tiers`), and the store's own read and write rules as the replay
-    ran them (``real["store_model"]``, ``real["verify_s_per_chunk"]``):
+def crosscheck_system(measured: dict[str, dict[str, float]], real: dict[str, Any]) -> SystemConfig:
+    """The simulator's ``kvstream-only`` for the crosscheck: the store the replay opened (``real["store_config"]``),
+    as the simulator models a store (:meth:`~kvstream.sim.driver.SystemConfig.from_store`), with the tiers'
+    bandwidths measured through the store (alone and while writing, :func:`_measure_tiers`) and the consumer's
+    check as the replay measured it (``real["verify_s_per_chunk"]``). So the model runs the store's own read and
+    write rules:
 
     - each tier's claim window in bytes and the windows' floor, which also set the read-ahead bound: with 48 MiB
       chunks and 32 MiB windows a tier refills only after the consumer has checked what landed, so
@@ -780,22 +777,10 @@ def crosscheck_system(measured: dict[str, dict[str, float]], real: dict[str, Any
 
     While writes are in flight reads get the share they got in the mixed probe (no extra switching loss)."""
     from kvstream.serving.core import ServingConfig
-    from kvstream.sim.driver import SystemConfig, TierModel
+    from kvstream.sim.driver import SystemConfig
 
-    model = real.get("store_model") or {}
-    windows = model.get("read_window_bytes") or [None] * len(measured)
-    capacity = model.get("capacity_bytes") or [None] * len(measured)
-    backlog = model.get("write_backlog_bytes")
-    tiers = [TierModel(name=name, read_bw=m["read_bw"], write_bw=m["write_bw"], read_window=4,
-                       read_window_bytes=windows[k], capacity_bytes=capacity[k],
-                       read_share=min(m["mixed_read_bw"] / m["read_bw"], 1.0), interference=0.0)
-             for k, (name, m) in enumerate(measured.items())]
-    return SystemConfig(name="kvstream-only (sim)", tiers=tuple(tiers), router="mitm", replication="full",
-                        serving=ServingConfig(), host_memory_bytes=memory_bytes,
-                        read_windows=model.get("read_windows", "balanced"),
-                        read_window_floor_bytes=model.get("read_window_floor_bytes"),
-                        verify_s=float(real.get("verify_s_per_chunk", 0.0)),
-                        write_backlog_bytes=max(backlog) if backlog else None)
+    return SystemConfig.from_store(real["store_config"], measured, name="kvstream-only (sim)",
+                                   serving=ServingConfig(), verify_s=float(real.get("verify_s_per_chunk", 0.0)))
 
 
 def read_breakdown(loads: list[dict[str, Any]], names: list[str], alone: dict[str, float],
@@ -863,7 +848,7 @@ def _sim_run(reqs: list[Any], real: dict[str, Any], args: argparse.Namespace, me
     from kvstream.serving.storebackend import LoadRecord, disk_load_gbps
     from kvstream.sim.driver import Hardware, simulate
 
-    sysc = crosscheck_system(measured, real, parse_size(args.memory, "--memory"))
+    sysc = crosscheck_system(measured, real)
     hw = Hardware(gpu=args.gpu, model=args.model, tp=args.tp, hbm_kv_bytes=parse_size(args.gpu_kv, "--gpu-kv"))
     scaled = [dataclasses.replace(r, arrival=r.arrival / args.speed) for r in reqs]
     sim = simulate([scaled], sysc, hw, seed=args.seed)

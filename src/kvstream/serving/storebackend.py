@@ -295,8 +295,7 @@ class StoreBackend(ServingBackend):
         memory = store.config.memory_bytes
         backlog = 0
         if len(store.tiers) > 1:
-            backlog = max(t.cfg.write_backlog_bytes if t.cfg.write_backlog_bytes is not None else memory // 2
-                          for t in store.tiers[1:])
+            backlog = max(store.config.write_backlog_limit(t.cfg) for t in store.tiers[1:])
         backlog_chunks = -(-backlog // fsize)  # the valve takes a copy while the backlog is below its limit
         return staging_budget_chunks(memory // BufferPool.size_class(fsize), backlog_chunks)
 

@@ -16,12 +16,13 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from kvstream.config import StoreConfig
 from kvstream.eviction import EvictionPolicy, make_eviction_policy
 from kvstream.replication import parse_replication
 from kvstream.read_windows import ReadWindows, make_read_windows
@@ -135,6 +136,32 @@ class SystemConfig:
 
     def replace(self, **kw: Any) -> "SystemConfig":
         return dataclasses.replace(self, **kw)
+
+    @classmethod
+    def from_store(cls, config: StoreConfig, rates: Mapping[str, Mapping[str, float]], *, name: str,
+                   serving: ServingConfig | None = None, verify_s: float = 0.0,
+                   read_window: int = 4) -> "SystemConfig":
+        """The simulator's model of a store opened with ``config``: the one place a :class:`StoreConfig` becomes a
+        system. The store's settings carry over: its tiers (names, capacities, claim windows in bytes:
+        ``read_inflight_bytes``), host memory and its eviction policy, router, replication, window policy, the
+        windows' floor (``chunk_bytes``, or 0 when it is not set: it also sets the read-ahead bound) and the write
+        backlog valve (the largest tier limit, :meth:`StoreConfig.write_backlog_limit`). What a configuration does
+        not say comes from ``rates`` (per tier name: ``read_bw``, ``write_bw`` and ``mixed_read_bw``, the read rate
+        while the tier writes, in bytes/s; reads get that share of the device while writes are in flight, with no
+        extra switching loss), ``verify_s`` (the consumer's check, seconds per chunk read) and ``serving`` (None: the
+        default serving loop).
+        ``read_window``: chunks in flight per tier where a window is not given in bytes (it always is here)."""
+        tiers = []
+        for t in config.tiers:
+            r = rates[t.name]
+            tiers.append(TierModel(name=t.name, read_bw=r["read_bw"], write_bw=r["write_bw"], read_window=read_window,
+                                   read_window_bytes=t.read_inflight_bytes, capacity_bytes=t.capacity_bytes,
+                                   read_share=min(r["mixed_read_bw"] / r["read_bw"], 1.0), interference=0.0))
+        return cls(name=name, tiers=tuple(tiers), router=config.router, replication=config.replication,
+                   serving=serving or ServingConfig(), host_memory_bytes=config.memory_bytes, host_eviction=config.memory_eviction,
+                   read_windows=config.read_windows, read_window_floor_bytes=config.chunk_bytes or 0,
+                   verify_s=verify_s,
+                   write_backlog_bytes=max(config.write_backlog_limit(t) for t in config.tiers))
 
 
 @dataclass(frozen=True, kw_only=True)
