@@ -327,7 +327,7 @@ def test_load_probe_records_the_tiers_busy_time_of_disk_reads_only(tmp_path: Pat
         probe = _LoadProbe(store)
         keys = [f"k{i}".encode() for i in range(6)]
         for k in keys:
-            probe.put(k, bytes(MB))  # delegated to the store
+            store.put(k, bytes(MB))
         store.flush()
         store.drain(timeout=30)
         store.evict_memory()

@@ -31,10 +31,10 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Hashable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from kvstream.eviction import AccessMeta
 from kvstream.io.throttle import ThrottledEngine
@@ -42,9 +42,23 @@ from kvstream.keys import ChunkKeyer, KeyNamespace
 from kvstream.read_step import ReadStep
 from kvstream.serving.core import LoadDone, StartLoad, WriteChunks
 from kvstream.serving.backend import ServingBackend
-from kvstream.store import RECOMPUTED, ComputeRequest
+from kvstream.store import RECOMPUTED, Chunk, ComputeRequest, Store
 
-__all__ = ["StoreBackend", "ThrottledEngine", "LoadRecord", "disk_load_gbps"]
+if TYPE_CHECKING:
+    from kvstream.compute import ComputePolicy
+
+__all__ = ["StoreBackend", "ThrottledEngine", "LoadRecord", "disk_load_gbps", "ComputeSource", "ReadChunks"]
+
+# The GPU's part of a read step, as ``Store.read_chunks(compute=...)`` takes it.
+ComputeSource = Callable[[list[bytes], list[list[int]]], "ComputeRequest | None"]
+
+
+class ReadChunks(Protocol):
+    """The read path a backend's loads go through: :meth:`kvstream.store.Store.read_chunks`'s signature."""
+
+    def __call__(self, keys: Sequence[bytes], *, metas: Sequence[AccessMeta | None] | None = None,
+                 compute: ComputeSource | None = None, background: bool = False
+                 ) -> Iterator[tuple[int, Chunk | None]]: ...
 
 log = logging.getLogger(__name__)
 
@@ -91,11 +105,13 @@ def _meta4(meta: Sequence[Any]) -> tuple[Hashable | None, int | None, int | None
 class StoreBackend(ServingBackend):
     """The real store behind a real-time run (see the module docstring)."""
 
-    def __init__(self, store: Any, *, model: str, chunk_bytes: int, workers: int = 2,
-                 compute: Any | None = None, read_disk: bool = True) -> None:
+    def __init__(self, store: Store, *, model: str, chunk_bytes: int, workers: int = 2,
+                 compute: ComputePolicy | None = None, read_disk: bool = True, read: ReadChunks | None = None) -> None:
         import numpy as np
 
         self.store = store
+        # The loads' read path: the store's, or a wrapper of it (replay's crosscheck records each load's tier time).
+        self.read_chunks: ReadChunks = read if read is not None else store.read_chunks
         self.compute = compute  # a kvstream.compute.ComputePolicy, or None: loads only
         self.computed_chunks = 0
         self.read_disk = read_disk  # False: the recompute-only baseline (lookups see host memory only)
@@ -166,7 +182,7 @@ class StoreBackend(ServingBackend):
         done: set[bytes] = set()  # keys the GPU recomputed
         try:
             compute = self._compute_request(action, item_keys) if with_compute else None
-            for i, chunk in self.store.read_chunks(keys, metas=metas, compute=compute):
+            for i, chunk in self.read_chunks(keys, metas=metas, compute=compute):
                 if chunk is RECOMPUTED:
                     got[i] = True
                     done.add(keys[i])
