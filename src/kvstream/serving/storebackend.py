@@ -40,7 +40,7 @@ from kvstream.eviction import AccessMeta
 from kvstream.io.throttle import ThrottledEngine
 from kvstream.keys import ChunkKeyer, KeyNamespace
 from kvstream.read_step import ReadStep
-from kvstream.serving.core import LoadDone, StartLoad, WriteChunks
+from kvstream.serving.core import LoadDone, StartLoad, WriteChunks, staged_span
 from kvstream.serving.backend import ServingBackend
 from kvstream.store import RECOMPUTED, Chunk, ComputeRequest, Store
 
@@ -209,7 +209,7 @@ class StoreBackend(ServingBackend):
         counts = leading_computed(item_keys, done, avail)
         with self._lock:
             for ks, n, c in zip(item_keys, avail, counts):
-                for k in ks[c:n]:
+                for k in staged_span(ks, n, c):
                     if k in done and k not in data:
                         # Recomputed behind a chunk a tier delivered: staged as if loaded (the core charges its
                         # host->GPU move; pessimistic, as the simulator's store is).

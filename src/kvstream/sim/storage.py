@@ -60,7 +60,7 @@ from kvstream.replication import CopyOrder, ReadObservation, ReplicationPolicy, 
 from kvstream.read_windows import ReadWindows
 from kvstream.routing import ReadRouter
 from kvstream.serving.backend import ServingBackend
-from kvstream.serving.core import LoadDone, StartLoad, WriteChunks
+from kvstream.serving.core import LoadDone, StartLoad, WriteChunks, staged_span
 from kvstream.sim.devices import READ, WRITE, Device
 from kvstream.sim.engine import PRIO_IO, EventLoop
 
@@ -407,13 +407,13 @@ class SimStorage(ServingBackend):
             # Chunks recomputed behind one a tier delivered: the core counts a leading run per item, so these
             # are pinned as if loaded (their host->GPU move is charged: pessimistic, by a few ms a chunk).
             for k, (_, chunks) in enumerate(ld.items):
-                for c in chunks[counts[k]: ld.avail[k]]:
+                for c in staged_span(chunks, ld.avail[k], counts[k]):
                     if c in done:
                         self._pin(c)
                         ld.pinned[k].append(c)
-        # Each item keeps its pins on its available prefix only.
+        # Each item keeps its pins on its staged span only (the rule the core releases by).
         for k, (_, chunks) in enumerate(ld.items):
-            keep = set(chunks[: ld.avail[k]])
+            keep = set(staged_span(chunks, ld.avail[k], counts[k]))
             for c in ld.pinned[k]:
                 if c not in keep:
                     self._unpin(c)
