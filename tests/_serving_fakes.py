@@ -40,7 +40,6 @@ class FakeStorage(ServingBackend):
     released: list = field(default_factory=list)
     flushes: list = field(default_factory=list)
     loads: list = field(default_factory=list)
-    policy: object = None  # no host eviction policy here
 
     def lookup(self, ids: Sequence[Hashable]) -> tuple[int, int]:
         present = in_host = 0

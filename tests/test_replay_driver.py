@@ -149,6 +149,65 @@ def test_replay_passes_the_policys_lookahead_window_to_queue_aware_eviction():
     assert not RealtimeDriver(ServingCore(LinearCost(), be3.lookup, cfg, chunk_bytes=1), be3, [])._window
 
 
+def test_one_dispatch_carries_out_every_action_in_order_for_both_drivers():
+    # The one dispatch (kvstream.serving.backend) both drivers call: storage actions go to the backend in the
+    # order given, a step to the driver's clock, and a load's completion only through post, later.
+    from kvstream.serving.backend import dispatch
+    from kvstream.serving.core import Flush, ReleaseChunks, StartLoad, StartStep
+
+    calls: list = []
+
+    class Recorder(ServingBackend):
+        def lookup(self, ids):
+            return 0, 0
+
+        def start_load(self, action, post):
+            calls.append(("load", action.load_id, post))
+
+        def write(self, action):
+            calls.append(("write", action.chunk_ids))
+
+        def flush(self):
+            calls.append(("flush",))
+
+        def release(self, chunk_ids):
+            calls.append(("release", tuple(chunk_ids)))
+
+    def post(ev):
+        calls.append(("posted", ev))
+
+    acts = [WriteChunks(request_id=1, chunk_ids=("a",), first_position=0), StartStep(step_id=3, duration=0.5,
+            prefills=1, decodes=0), Flush(), StartLoad(load_id=7, items=((1, ("b",)),), background=True),
+            ReleaseChunks(chunk_ids=("c", "d"))]
+    dispatch(acts, Recorder(), post=post, start_step=lambda a: calls.append(("step", a.step_id, a.duration)))
+    assert calls == [("write", ("a",)), ("step", 3, 0.5), ("flush",), ("load", 7, post), ("release", ("c", "d"))]
+
+
+def test_the_simulators_store_is_a_serving_backend_with_the_stores_window_rule():
+    from kvstream.eviction import make_eviction_policy
+    from kvstream.replication import parse_replication
+    from kvstream.routing import parse_router
+    from kvstream.serving.backend import window_wanted
+    from kvstream.sim.devices import Device
+    from kvstream.sim.engine import EventLoop
+    from kvstream.sim.storage import SimStorage, SimTier
+
+    def sim(policy):
+        loop = EventLoop()
+        tier = SimTier(name="t", device=Device(loop, "t", read_bw=1e9, write_bw=1e9))
+        return SimStorage(loop, tiers=[tier], router=parse_router("single", ["t"]),
+                          replication=parse_replication("single"), host_eviction=make_eviction_policy(policy),
+                          host_capacity_chunks=8, chunk_bytes=1 << 20)
+
+    qa, lru = sim("queue-aware"), sim("lru")
+    assert isinstance(qa, ServingBackend) and qa.wants_window and not lru.wants_window
+    look = ServingConfig(prefetch="lookahead:4")
+    assert window_wanted(ServingCore(LinearCost(), qa.lookup, look, chunk_bytes=1), qa)
+    assert not window_wanted(ServingCore(LinearCost(), qa.lookup, ServingConfig(), chunk_bytes=1), qa)
+    assert not window_wanted(ServingCore(LinearCost(), lru.lookup, look, chunk_bytes=1), lru)
+    assert lru.sample() == {"t.read": 0, "t.write": 0}
+
+
 def test_store_backend_tags_sessions_on_reads_and_protects_the_window(tmp_path):
     from kvstream.serving.core import StartLoad
     from kvstream.serving.storebackend import StoreBackend

@@ -27,14 +27,13 @@ import threading
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
-from typing import Any
 
 from kvstream.serving.backend import Record, ServingBackend, deliver, dispatch, window_wanted
 from kvstream.serving.core import Action, Arrival, Event, LoadDone, ServingCore, StartStep, StepDone
 from kvstream.sim.engine import PRIO_ARRIVAL, PRIO_IO, PRIO_STEP
 from kvstream.workload.request import Request
 
-__all__ = ["Clock", "WallClock", "RealtimeDriver", "run_realtime"]
+__all__ = ["Clock", "WallClock", "RealtimeDriver"]
 
 
 class Clock(ABC):
@@ -193,9 +192,3 @@ class RealtimeDriver:
             self.clock.wait(max(wake_at - self.clock.now(), 0.0))
         self._dispatch(self.core.flush_writes(), self.clock.now())
         self.core.metrics.tier_series.append((self.clock.now(), self.backend.sample()))
-
-
-def run_realtime(core: ServingCore, backend: ServingBackend, requests: Sequence[Request], **kw: Any) -> RealtimeDriver:
-    d = RealtimeDriver(core, backend, requests, **kw)
-    d.run()
-    return d
