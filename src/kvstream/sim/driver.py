@@ -158,9 +158,9 @@ class SystemConfig:
                                    read_window_bytes=t.read_inflight_bytes, capacity_bytes=t.capacity_bytes,
                                    read_share=min(r["mixed_read_bw"] / r["read_bw"], 1.0), interference=0.0))
         return cls(name=name, tiers=tuple(tiers), router=config.router, replication=config.replication,
-                   serving=serving or ServingConfig(), host_memory_bytes=config.memory_bytes, host_eviction=config.memory_eviction,
-                   read_windows=config.read_windows, read_window_floor_bytes=config.chunk_bytes or 0,
-                   verify_s=verify_s,
+                   serving=serving or ServingConfig(), host_memory_bytes=config.memory_bytes,
+                   host_eviction=config.memory_eviction, read_windows=config.read_windows,
+                   read_window_floor_bytes=config.chunk_bytes or 0, verify_s=verify_s,
                    write_backlog_bytes=max(config.write_backlog_limit(t) for t in config.tiers))
 
 

@@ -2,10 +2,10 @@
 
 It is a :class:`~kvstream.serving.backend.ServingBackend`, as replay's real store behind the core is: it answers
 the serving core's ``lookup`` and carries out its ``StartLoad`` / ``WriteChunks`` / ``Flush`` / ``ReleaseChunks``
-actions (dispatched by the one :func:`kvstream.serving.backend.dispatch`) in simulated time, with the *same* policy objects the real engine uses:
-a :class:`kvstream.routing.ReadRouter` decides which tier reads which chunk of a load, a
-:class:`kvstream.replication.ReplicationPolicy` which tiers get each written chunk (and which copies to add
-after a read), and a :class:`kvstream.eviction.EvictionPolicy` which host-memory chunk leaves.
+actions (dispatched by the one :func:`kvstream.serving.backend.dispatch`) in simulated time, with the *same*
+policy objects the real engine uses: a :class:`kvstream.routing.ReadRouter` decides which tier reads which chunk
+of a load, a :class:`kvstream.replication.ReplicationPolicy` which tiers get each written chunk (and which copies
+to add after a read), and a :class:`kvstream.eviction.EvictionPolicy` which host-memory chunk leaves.
 
 Host memory holds clean cached chunks and pinned ones (read for a request that has not run yet, or waiting
 to be written). Pinned chunks are not in the eviction policy (its protocol: pinned entries are simply not
