@@ -365,7 +365,7 @@ def test_store_backend_stages_the_stores_views_not_copies(tmp_path):
         be._load(StartLoad(load_id=1, items=((0, ("a0", "a1")),), background=True, metas=(("u", None, 0, 0),)),
                  got.append)
         assert got[0].available == ((0, 2),)
-        views = {c: be._staged[be.key(c)][0] for c in want}
+        views = {c: be._views[be.key(c)] for c in want}
         assert all(bytes(views[c]) == want[c] for c in want)
         assert be.loads[-1].disk_bytes == 2 * 4096 and be.loads[-1].memory_bytes == 0
         assert disk_load_gbps(be.loads)[2] == 2 * 4096

@@ -41,6 +41,7 @@ from kvstream.io.throttle import ThrottledEngine
 from kvstream.keys import ChunkKeyer, KeyNamespace
 from kvstream.read_step import ReadStep
 from kvstream.serving.core import LoadDone, StartLoad, WriteChunks, staged_span
+from kvstream.serving.staging import StagedPins
 from kvstream.serving.backend import ServingBackend
 from kvstream.store import RECOMPUTED, Chunk, ComputeRequest, Store
 
@@ -127,11 +128,13 @@ class StoreBackend(ServingBackend):
         self.write_s = 0.0  # seconds spent in ``put`` (copy, checksum, waits for free memory), on the put thread
         self._writes = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kvs-replay-put")
         self._lock = threading.Lock()
-        # key -> (the store's payload view, pins). Holding the view is the staging: it pins the store's buffer
-        # (host memory, or the read's own buffer), which is never reused while a view of it lives, so a
-        # prefetched request keeps its KV even if the store evicts the entry meanwhile, and nothing is copied
-        # (a real engine hands the same host buffer to the host->GPU transfer). See _load and release.
-        self._staged: dict[bytes, tuple[memoryview, int]] = {}
+        # The staged chunks' pins (one per load item and chunk: the ledger the simulator's store keeps too) and, per
+        # staged key, the store's payload view. Holding the view is the staging: it pins the store's buffer (host
+        # memory, or the read's own buffer), which is never reused while a view of it lives, so a prefetched
+        # request keeps its KV even if the store evicts the entry meanwhile, and nothing is copied (a real engine
+        # hands the same host buffer to the host->GPU transfer). Both under _lock. See _load and release.
+        self._pins: StagedPins[bytes] = StagedPins()
+        self._views: dict[bytes, memoryview] = {}
 
     def key(self, c: Hashable) -> bytes:
         k = self._keys.get(c)
@@ -193,7 +196,7 @@ class StoreBackend(ServingBackend):
                         mem_bytes += len(chunk.payload)
                     else:
                         disk_bytes += len(chunk.payload)
-                    # Held (not copied) until the core releases it: see ``_staged``.
+                    # Held (not copied) until the core releases it: see ``_views``.
                     data[keys[i]] = chunk.payload
         except Exception:  # a failing store must not hang the run: report what landed, and say why
             log.exception("replay: a load failed part-way; the chunks that landed are used, the rest recomputed")
@@ -214,11 +217,8 @@ class StoreBackend(ServingBackend):
                         # Recomputed behind a chunk a tier delivered: staged as if loaded (the core charges its
                         # host->GPU move; pessimistic, as the simulator's store is).
                         data[k] = memoryview(self.payload)
-                    held = self._staged.get(k)
-                    if held is None:
-                        self._staged[k] = (data.pop(k), 1)
-                    else:
-                        self._staged[k] = (held[0], held[1] + 1)
+                    if self._pins.hold(k):  # its first pin: keep this load's view (a later pin keeps the first)
+                        self._views[k] = data.pop(k)
         for unused in data.values():  # landed after a missing chunk, or already staged by another load
             unused.release()
         self.load_s.append(time.perf_counter() - t0)
@@ -288,12 +288,8 @@ class StoreBackend(ServingBackend):
         with self._lock:
             for c in chunk_ids:
                 k = self.key(c)
-                payload, pins = self._staged[k]
-                if pins > 1:
-                    self._staged[k] = (payload, pins - 1)
-                else:
-                    del self._staged[k]
-                    done.append(payload)
+                if self._pins.release(k):
+                    done.append(self._views.pop(k))
         for view in done:  # the store may reuse the buffer (or evict the entry's) from now on
             view.release()
 
@@ -318,7 +314,7 @@ class StoreBackend(ServingBackend):
     @property
     def staged_bytes(self) -> int:
         with self._lock:
-            return sum(len(p) for p, _ in self._staged.values())
+            return sum(len(v) for v in self._views.values())
 
     def sample(self) -> dict[str, int]:
         out: dict[str, int] = {}
@@ -331,7 +327,8 @@ class StoreBackend(ServingBackend):
         self._pool.shutdown(wait=True)
         self._writes.shutdown(wait=True)
         with self._lock:
-            left = [view for view, _ in self._staged.values()]
-            self._staged.clear()
+            left = list(self._views.values())
+            self._views.clear()
+            self._pins.clear()
         for view in left:
             view.release()

@@ -9,7 +9,10 @@ to add after a read), and a :class:`kvstream.eviction.EvictionPolicy` which host
 
 Host memory holds clean cached chunks and pinned ones (read for a request that has not run yet, or waiting
 to be written). Pinned chunks are not in the eviction policy (its protocol: pinned entries are simply not
-inserted). If everything is pinned, host memory overflows rather than deadlocks; the overflow is reported.
+inserted). If everything is pinned, host memory overflows rather than deadlocks; the overflow is reported. The
+pins a load takes for the core (one per item and chunk of its staged span, released by ``ReleaseChunks``) are
+counted in :class:`kvstream.serving.staging.StagedPins`, the ledger replay's backend keeps too; host memory holds
+a staged chunk pinned while that ledger has any pin on it.
 
 Driving a read: the load's disk chunks form one :class:`kvstream.read_step.ReadStep`, the very object the real
 store's reader drives (claims, read windows, the read-ahead bound, duplicates, losses). Here its actions are
@@ -61,6 +64,7 @@ from kvstream.read_windows import ReadWindows
 from kvstream.routing import ReadRouter
 from kvstream.serving.backend import ServingBackend
 from kvstream.serving.core import LoadDone, StartLoad, WriteChunks, staged_span
+from kvstream.serving.staging import StagedPins
 from kvstream.sim.devices import READ, WRITE, Device
 from kvstream.sim.engine import PRIO_IO, EventLoop
 
@@ -166,7 +170,8 @@ class SimStorage(ServingBackend):
         self.computed_chunks = 0
         self.compute_s = 0.0
         self._cpu_free = 0.0
-        self._host: dict[Hashable, int] = {}  # resident chunk -> pins
+        self._host: dict[Hashable, int] = {}  # resident chunk -> pins (one for all its staged pins, one per write)
+        self._staged: StagedPins[Hashable] = StagedPins()  # staged pins per chunk, one per load item (the core's)
         self._meta: dict[Hashable, AccessMeta] = {}
         self._write_left: dict[Hashable, int] = {}  # chunk -> target tier writes still to complete
         self._buffered: dict[Hashable, int] = {}  # put, not yet flushed: chunk -> position in its prefix
@@ -250,9 +255,19 @@ class SimStorage(ServingBackend):
             self._meta.pop(v, None)
             self.host_evictions += 1
 
+    def _stage(self, c: Hashable) -> None:
+        """One staged pin on ``c`` for a load item (the ledger both backends keep, :mod:`kvstream.serving.staging`);
+        its first pins the chunk in host memory."""
+        if self._staged.hold(c):
+            self._pin(c)
+
+    def _unstage(self, c: Hashable) -> None:
+        if self._staged.release(c):
+            self._unpin(c)
+
     def release(self, chunk_ids: Sequence[Hashable]) -> None:
         for c in chunk_ids:
-            self._unpin(c)
+            self._unstage(c)
 
     # -- loads ----------------------------------------------------------------------------------------------
     def start_load(self, action: StartLoad, post: Callable[[LoadDone], None]) -> None:
@@ -269,7 +284,7 @@ class SimStorage(ServingBackend):
                     self._meta[c] = m
             for j, c in enumerate(chunks):
                 if c in host:
-                    self._pin(c)
+                    self._stage(c)
                     ld.pinned[k].append(c)
                     self.host_hits += 1
                     continue
@@ -333,7 +348,7 @@ class SimStorage(ServingBackend):
                 r = step.reads[a.read]
                 c = ld.disk[a.chunk]
                 for k in ld.need[c]:
-                    self._pin(c)
+                    self._stage(c)
                     ld.pinned[k].append(c)
                 tier = self.tiers[r.tier]
                 if tier.policy is not None and c in tier.chunks:
@@ -409,14 +424,14 @@ class SimStorage(ServingBackend):
             for k, (_, chunks) in enumerate(ld.items):
                 for c in staged_span(chunks, ld.avail[k], counts[k]):
                     if c in done:
-                        self._pin(c)
+                        self._stage(c)
                         ld.pinned[k].append(c)
         # Each item keeps its pins on its staged span only (the rule the core releases by).
         for k, (_, chunks) in enumerate(ld.items):
             keep = set(staged_span(chunks, ld.avail[k], counts[k]))
             for c in ld.pinned[k]:
                 if c not in keep:
-                    self._unpin(c)
+                    self._unstage(c)
         self.loads_done += 1
         if ld.step is not None:
             now = self.loop.now
