@@ -67,18 +67,19 @@ def simulate_pair(local_gbps: float, shared_gbps: float) -> dict[str, dict[str, 
     """kvstream and bidaw-only in the simulator: the default replay's requests, hardware and store rules (32 MiB
     read windows, 2.5 ms checks, the 1 GiB write backlog valve), tiers at the given read bandwidths (local writes
     1.9 GB/s and mixed reads 1.2 GB/s, as the replay's tiers measured; the shared tier writes at its read rate)."""
+    from kvstream.config import StoreConfig, TierConfig
     from kvstream.serving.core import ServingConfig
-    from kvstream.sim.driver import Hardware, simulate
+    from kvstream.sim.driver import Hardware, SystemConfig, simulate
     from kvstream.workload import generate, preset
 
-    mb = 1 << 20
-    real = {"store_model": {"read_windows": "balanced", "read_window_bytes": [32 * mb, 32 * mb],
-                            "read_window_floor_bytes": 0, "write_backlog_bytes": [1 << 30, 1 << 30]},
-            "verify_s_per_chunk": 0.0025}
     measured = {"local": {"read_bw": local_gbps * 1e9, "write_bw": 1.9e9, "mixed_read_bw": 1.2e9},
                 "shared": {"read_bw": shared_gbps * 1e9, "write_bw": shared_gbps * 1e9,
                            "mixed_read_bw": shared_gbps * 0.95e9}}
-    base = replay.crosscheck_system(measured, real, 2 << 30)
+    # Replay's store: 2 GiB of host memory, 32 MiB claim windows, the valve at 1 GiB (half of it); no chunk size
+    # (window floor 0) and tiers far larger than the workload's KV (no tier eviction), as these figures were taken.
+    store = StoreConfig(tiers=tuple(TierConfig(name=n, path=f"/kv/{n}", capacity_bytes=1 << 50) for n in measured),
+                        memory_bytes=2 << 30)
+    base = SystemConfig.from_store(store, measured, name="kvstream-only (sim)", verify_s=0.0025)
     bidaw = ServingConfig(admit="ready", prefetch="hrrn")
     systems = {"kvstream": base.replace(name="kvstream", serving=bidaw, host_eviction="hit-potential"),
                "bidaw-only": base.replace(name="bidaw-only", tiers=base.tiers[:1], router="single:local",

@@ -80,16 +80,18 @@ def _workloads() -> dict[str, tuple[Callable[[int], list[Any]], str | None, bool
 
 def systems(memory: int, chunk: int, max_wait: float | None, staging: str | None) -> dict[str, Any]:
     """The simulator's copies of replay's systems (``kvstream.commands.replay._system``)."""
-    import kvstream.commands.replay as replay
+    from kvstream.config import StoreConfig, TierConfig
     from kvstream.replication import partial_fraction
     from kvstream.serving.core import ServingConfig
+    from kvstream.sim.driver import SystemConfig
 
     measured = {"local": {"read_bw": 2.6e9, "write_bw": 1.9e9, "mixed_read_bw": 1.2e9},
                 "shared": {"read_bw": 0.4e9, "write_bw": 0.4e9, "mixed_read_bw": 0.38e9}}
-    real = {"store_model": {"read_windows": "balanced", "read_window_bytes": [32 << 20, 32 << 20],
-                            "read_window_floor_bytes": 0, "write_backlog_bytes": [memory // 2, memory // 2]},
-            "verify_s_per_chunk": 0.0025}
-    base = replay.crosscheck_system(measured, real, memory)
+    # Replay's store: 32 MiB claim windows, the valve at half of host memory; no chunk size (window floor 0) and
+    # tiers far larger than the workload's KV (no tier eviction), as these figures were first taken.
+    store = StoreConfig(tiers=tuple(TierConfig(name=n, path=f"/kv/{n}", capacity_bytes=1 << 50) for n in measured),
+                        memory_bytes=memory)
+    base = SystemConfig.from_store(store, measured, name="kvstream-only (sim)", verify_s=0.0025)
     kw: dict[str, Any] = {}
     if max_wait is not None:
         kw["max_wait_s"] = max_wait

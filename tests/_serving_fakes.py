@@ -5,7 +5,8 @@ from __future__ import annotations
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 
-from kvstream.serving.core import LoadDone, ServingConfig, ServingCore, WriteChunks
+from kvstream.serving.backend import ServingBackend
+from kvstream.serving.core import LoadDone, ServingConfig, ServingCore, StartLoad, WriteChunks
 from kvstream.sim.driver import SimNode
 from kvstream.sim.engine import PRIO_IO, EventLoop
 from kvstream.workload.request import CHUNK_TOKENS, Request
@@ -27,7 +28,7 @@ class LinearCost:
 
 
 @dataclass
-class FakeStorage:
+class FakeStorage(ServingBackend):
     """Chunks on 'disk' (a set) or in 'host' (a set); a load takes ``fixed + per_chunk * disk chunks``."""
 
     loop: EventLoop
@@ -39,7 +40,6 @@ class FakeStorage:
     released: list = field(default_factory=list)
     flushes: list = field(default_factory=list)
     loads: list = field(default_factory=list)
-    policy: object = None  # no host eviction policy here
 
     def lookup(self, ids: Sequence[Hashable]) -> tuple[int, int]:
         present = in_host = 0
@@ -51,12 +51,13 @@ class FakeStorage:
             present += 1
         return present, in_host
 
-    def start_load(self, load_id, items, on_done, metas=()):
+    def start_load(self, action: StartLoad, post):
+        load_id, items = action.load_id, action.items
         n_disk = sum(1 for _, ch in items for c in ch if c not in self.host)
         self.loads.append((self.loop.now, load_id, items))
         delay = (self.fixed + self.per_chunk * n_disk) if n_disk else 0.0
         ev = LoadDone(load_id=load_id, available=tuple((rid, len(ch)) for rid, ch in items))
-        self.loop.at(self.loop.now + delay, PRIO_IO, on_done, ev)
+        self.loop.at(self.loop.now + delay, PRIO_IO, post, ev)
 
     def write(self, w: WriteChunks):
         self.writes.append((self.loop.now, w))

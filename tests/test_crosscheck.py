@@ -14,10 +14,11 @@ import pytest
 from kvstream.commands.replay import (_crosscheck, _LoadProbe, _measure_tiers, crosscheck_lines, crosscheck_system,
                                      device_as_seen,
                                       read_breakdown)
+from kvstream.config import StoreConfig, TierConfig
 from kvstream.eviction import make_eviction_policy
 from kvstream.replication import parse_replication
 from kvstream.routing import parse_router
-from kvstream.serving.core import WriteChunks
+from kvstream.serving.core import StartLoad, WriteChunks
 from kvstream.serving.gpu import CostModel, get_gpu, get_model_shape
 from kvstream.sim.devices import Device
 from kvstream.sim.driver import Hardware, SystemConfig, TierModel, simulate
@@ -83,7 +84,7 @@ def test_the_models_read_backs_wait_for_a_load_as_the_stores_do():
     got = []
     reads_before = st.stats()["catch_up_reads_t0"]
     start = loop.now
-    st.start_load(0, [(1, tuple(old))], got.append)
+    st.start_load(StartLoad(load_id=0, items=((1, tuple(old)),), background=False), got.append)
     st._catch_up()
     loop.run(until=start + 1.0)  # the load (60 x 48 MiB at 0.5 GB/s: ~6 s) is still reading
     assert not got and st._reading_loads == 1
@@ -121,7 +122,7 @@ def _one_tier_load(windows, verify_s, n=20):
     ids = list(range(1, n + 1))
     st.prewarm(ids)
     got = []
-    st.start_load(0, [(1, tuple(ids))], got.append)
+    st.start_load(StartLoad(load_id=0, items=((1, tuple(ids)),), background=False), got.append)
     loop.run(until=1e6)
     assert got and got[0].available == ((1, n),)
     return st.read_log[0][1]
@@ -162,15 +163,19 @@ def test_tier_model_window_bytes_reach_the_read_steps():
     assert run(32 * MB) < run(None) * 1.02
 
 
+def _config(capacity: int) -> StoreConfig:
+    return StoreConfig(tiers=tuple(TierConfig(name=n, path=f"/kv/{n}", capacity_bytes=capacity)
+                                   for n in ("local", "shared")), memory_bytes=2 << 30, read_windows="balanced")
+
+
 def _real(**kw):
     real = {
         "system": "kvstream-only",
         "summary": {"read_time_per_step_s": 0.5, "ttft_mean_s": 1.0, "load_gbps": 2.0, "load_busy_s": 10.0, "load_disk_bytes": 20e9},
         "steps_read_s": [0.5] * 4, "step_read_bytes": [1e9] * 4, "tier_gbps": {"local": 2.0, "shared": 0.4},
         "verify_s_per_chunk": 0.0025,
-        "store_model": {"read_windows": "balanced", "read_window_bytes": [32 * MB, 32 * MB],
-                        "read_window_floor_bytes": 0, "write_backlog_bytes": [1 << 30, 1 << 30],
-                        "capacity_bytes": [12 << 30, 12 << 30]},
+        # The store replay opened: 32 MiB claim windows, no chunk size (floor 0), the valve at half of 2 GiB.
+        "store_config": _config(12 << 30),
         "store_counters": {"catch_up_reads": 7},
         "tier_stats": {"local": {"read_latency_p50_s": 0.02, "read_latency_p99_s": 0.17}},
         "load_steps": [],
@@ -192,7 +197,7 @@ MEASURED = {"local": {"read_bw": 2.5e9, "write_bw": 1.3e9, "mixed_read_bw": 1.0e
 
 
 def test_crosscheck_system_runs_the_stores_rules_as_the_replay_ran_them():
-    sysc = crosscheck_system(MEASURED, _real(), 2 << 30)
+    sysc = crosscheck_system(MEASURED, _real())
     assert [t.read_window_bytes for t in sysc.tiers] == [32 * MB, 32 * MB]
     assert sysc.read_window_floor_bytes == 0
     assert sysc.verify_s == 0.0025
@@ -201,6 +206,25 @@ def test_crosscheck_system_runs_the_stores_rules_as_the_replay_ran_them():
     assert [t.capacity_bytes for t in sysc.tiers] == [12 << 30, 12 << 30]
     assert [t.read_share for t in sysc.tiers] == [pytest.approx(0.4), 1.0]
     assert sysc.host_memory_bytes == 2 << 30
+
+
+def test_the_model_takes_every_store_setting_from_the_store_config():
+    # One schema: a tier's own backlog limit beside the default (half of host memory: 1 GiB), a chunk size (the
+    # windows' floor), the router, replication and host-memory eviction all reach the simulated system.
+    cfg = StoreConfig(tiers=(TierConfig(name="local", path="/kv/local", capacity_bytes=4 << 30,
+                                        read_inflight_bytes=16 * MB),
+                             TierConfig(name="shared", path="/kv/shared", capacity_bytes=8 << 30,
+                                        write_backlog_bytes=3 << 30)),
+                      memory_bytes=2 << 30, chunk_bytes=CHUNK, router="fixed:0.7", replication="partial:0.4",
+                      memory_eviction="hit-potential", read_windows="fixed")
+    assert [cfg.write_backlog_limit(t) for t in cfg.tiers] == [1 << 30, 3 << 30]
+    sysc = SystemConfig.from_store(cfg, MEASURED, name="m", verify_s=0.001)
+    assert [t.read_window_bytes for t in sysc.tiers] == [16 * MB, 32 * MB]
+    assert [t.capacity_bytes for t in sysc.tiers] == [4 << 30, 8 << 30]
+    assert sysc.write_backlog_bytes == 3 << 30 and sysc.read_window_floor_bytes == CHUNK
+    assert (sysc.router, sysc.replication, sysc.host_eviction, sysc.read_windows) == (
+        "fixed:0.7", "partial:0.4", "hit-potential", "fixed")
+    assert sysc.host_memory_bytes == 2 << 30 and sysc.verify_s == 0.001
 
 
 def test_read_breakdown_splits_each_tiers_time():
@@ -282,8 +306,7 @@ def test_device_as_seen_keeps_one_rate_when_the_loads_cannot_tell():
 def test_crosscheck_models_the_tiers_capacity():
     # With small tiers the store evicts and later reads miss (recomputed); a model with unlimited tiers read them.
     reqs, cost, args = _replay_inputs(32)
-    small = _real()
-    small["store_model"] = {**small["store_model"], "capacity_bytes": [1 << 30, 1 << 30]}
+    small = _real(store_config=_config(1 << 30))
     big = _crosscheck(reqs, [_real()], args, cost, True, MEASURED)
     few = _crosscheck(reqs, [small], args, cost, True, MEASURED)
     assert few["sim_load_disk_bytes"] < 0.7 * big["sim_load_disk_bytes"]
@@ -304,7 +327,7 @@ def test_load_probe_records_the_tiers_busy_time_of_disk_reads_only(tmp_path: Pat
         probe = _LoadProbe(store)
         keys = [f"k{i}".encode() for i in range(6)]
         for k in keys:
-            probe.put(k, bytes(MB))  # delegated to the store
+            store.put(k, bytes(MB))
         store.flush()
         store.drain(timeout=30)
         store.evict_memory()

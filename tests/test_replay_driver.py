@@ -11,10 +11,11 @@ import heapq
 from _serving_fakes import LinearCost, req, run
 
 from kvstream.serving.core import LoadDone, ServingConfig, ServingCore, WriteChunks
-from kvstream.serving.realtime import Clock, RealtimeBackend, RealtimeDriver
+from kvstream.serving.backend import ServingBackend
+from kvstream.serving.realtime import Clock, RealtimeDriver
 
 
-class FakeRTBackend(RealtimeBackend):
+class FakeRTBackend(ServingBackend):
     def __init__(self, clock, disk, fixed, per_chunk):
         self.clock, self.disk, self.fixed, self.per_chunk = clock, set(disk), fixed, per_chunk
         self.host: set = set()
@@ -51,6 +52,9 @@ class FakeRTBackend(RealtimeBackend):
         pass
 
     def flush(self):
+        pass
+
+    def release(self, chunk_ids):
         pass
 
 
@@ -145,6 +149,65 @@ def test_replay_passes_the_policys_lookahead_window_to_queue_aware_eviction():
     assert not RealtimeDriver(ServingCore(LinearCost(), be3.lookup, cfg, chunk_bytes=1), be3, [])._window
 
 
+def test_one_dispatch_carries_out_every_action_in_order_for_both_drivers():
+    # The one dispatch (kvstream.serving.backend) both drivers call: storage actions go to the backend in the
+    # order given, a step to the driver's clock, and a load's completion only through post, later.
+    from kvstream.serving.backend import dispatch
+    from kvstream.serving.core import Flush, ReleaseChunks, StartLoad, StartStep
+
+    calls: list = []
+
+    class Recorder(ServingBackend):
+        def lookup(self, ids):
+            return 0, 0
+
+        def start_load(self, action, post):
+            calls.append(("load", action.load_id, post))
+
+        def write(self, action):
+            calls.append(("write", action.chunk_ids))
+
+        def flush(self):
+            calls.append(("flush",))
+
+        def release(self, chunk_ids):
+            calls.append(("release", tuple(chunk_ids)))
+
+    def post(ev):
+        calls.append(("posted", ev))
+
+    acts = [WriteChunks(request_id=1, chunk_ids=("a",), first_position=0), StartStep(step_id=3, duration=0.5,
+            prefills=1, decodes=0), Flush(), StartLoad(load_id=7, items=((1, ("b",)),), background=True),
+            ReleaseChunks(chunk_ids=("c", "d"))]
+    dispatch(acts, Recorder(), post=post, start_step=lambda a: calls.append(("step", a.step_id, a.duration)))
+    assert calls == [("write", ("a",)), ("step", 3, 0.5), ("flush",), ("load", 7, post), ("release", ("c", "d"))]
+
+
+def test_the_simulators_store_is_a_serving_backend_with_the_stores_window_rule():
+    from kvstream.eviction import make_eviction_policy
+    from kvstream.replication import parse_replication
+    from kvstream.routing import parse_router
+    from kvstream.serving.backend import window_wanted
+    from kvstream.sim.devices import Device
+    from kvstream.sim.engine import EventLoop
+    from kvstream.sim.storage import SimStorage, SimTier
+
+    def sim(policy):
+        loop = EventLoop()
+        tier = SimTier(name="t", device=Device(loop, "t", read_bw=1e9, write_bw=1e9))
+        return SimStorage(loop, tiers=[tier], router=parse_router("single", ["t"]),
+                          replication=parse_replication("single"), host_eviction=make_eviction_policy(policy),
+                          host_capacity_chunks=8, chunk_bytes=1 << 20)
+
+    qa, lru = sim("queue-aware"), sim("lru")
+    assert isinstance(qa, ServingBackend) and qa.wants_window and not lru.wants_window
+    look = ServingConfig(prefetch="lookahead:4")
+    assert window_wanted(ServingCore(LinearCost(), qa.lookup, look, chunk_bytes=1), qa)
+    assert not window_wanted(ServingCore(LinearCost(), qa.lookup, ServingConfig(), chunk_bytes=1), qa)
+    assert not window_wanted(ServingCore(LinearCost(), lru.lookup, look, chunk_bytes=1), lru)
+    assert lru.sample() == {"t.read": 0, "t.write": 0}
+
+
 def test_store_backend_tags_sessions_on_reads_and_protects_the_window(tmp_path):
     from kvstream.serving.core import StartLoad
     from kvstream.serving.storebackend import StoreBackend
@@ -236,7 +299,7 @@ class _StallingClock(Clock):
             self._cv.notify_all()
 
 
-class _ThreadBackend(RealtimeBackend):
+class _ThreadBackend(ServingBackend):
     """Every chunk on disk; each load posts from its own thread after 50 ms."""
 
     def lookup(self, ids):
@@ -256,6 +319,9 @@ class _ThreadBackend(RealtimeBackend):
         pass
 
     def flush(self):
+        pass
+
+    def release(self, chunk_ids):
         pass
 
 
@@ -299,7 +365,7 @@ def test_store_backend_stages_the_stores_views_not_copies(tmp_path):
         be._load(StartLoad(load_id=1, items=((0, ("a0", "a1")),), background=True, metas=(("u", None, 0, 0),)),
                  got.append)
         assert got[0].available == ((0, 2),)
-        views = {c: be._staged[be.key(c)][0] for c in want}
+        views = {c: be._views[be.key(c)] for c in want}
         assert all(bytes(views[c]) == want[c] for c in want)
         assert be.loads[-1].disk_bytes == 2 * 4096 and be.loads[-1].memory_bytes == 0
         assert disk_load_gbps(be.loads)[2] == 2 * 4096

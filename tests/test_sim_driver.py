@@ -9,7 +9,7 @@ import pytest
 from kvstream.eviction import make_eviction_policy
 from kvstream.replication import parse_replication
 from kvstream.routing import parse_router
-from kvstream.serving.core import LoadDone, ServingConfig, WriteChunks
+from kvstream.serving.core import LoadDone, ServingConfig, StartLoad, WriteChunks
 from kvstream.sim.devices import Device, LatencyTail
 from kvstream.sim.driver import Hardware, SystemConfig, TierModel, simulate
 from kvstream.sim.engine import EventLoop
@@ -33,7 +33,7 @@ def _store(router="mitm", replication="full", bws=(3e9, 1e9), host_chunks=1000, 
 
 def _load(loop, st, ids):
     got = []
-    st.start_load(0, [(7, tuple(ids))], got.append)
+    st.start_load(StartLoad(load_id=0, items=((7, tuple(ids)),), background=False), got.append)
     loop.run(until=1e6)
     return got
 
@@ -155,7 +155,8 @@ def _step_ratios(windows, n_loads=12, per_load=12):
     st.prewarm(ids)
     for k in range(n_loads):  # one load after another, as a serving loop's steps are
         got = []
-        st.start_load(k, [(k, tuple(ids[k * per_load:(k + 1) * per_load]))], got.append)
+        st.start_load(StartLoad(load_id=k, items=((k, tuple(ids[k * per_load:(k + 1) * per_load])),),
+                                background=False), got.append)
         loop.run(until=loop.now + 10)
         assert got and got[0].available == ((k, per_load),)
         st.release(ids[k * per_load:(k + 1) * per_load])

@@ -273,6 +273,11 @@ class StoreConfig:
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
+    def write_backlog_limit(self, tier: TierConfig) -> int:
+        """The write backlog valve's limit of ``tier`` in bytes: its ``write_backlog_bytes``, or half of host memory
+        when that is not set (replay's staging budget and the simulator's model of a store take it from here)."""
+        return tier.write_backlog_bytes if tier.write_backlog_bytes is not None else self.memory_bytes // 2
+
 
 # One line per field: what docs/config.md says it means (``reference_markdown``). A test fails when a field of
 # TierConfig or StoreConfig has no entry here, or when docs/config.md is not what reference_markdown() returns.

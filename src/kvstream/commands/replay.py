@@ -54,9 +54,23 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Required, TypedDict
 
 from kvstream.errors import NothingMeasuredError, UsageError
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterator, Sequence
+
+    from rich.progress import Progress
+
+    from kvstream.eviction import AccessMeta
+    from kvstream.serving.core import ServingConfig
+    from kvstream.serving.gpu import CostModel
+    from kvstream.serving.metrics import RequestRecord
+    from kvstream.sim.driver import SystemConfig
+    from kvstream.serving.storebackend import ComputeSource
+    from kvstream.store import Chunk, Store
+    from kvstream.workload.request import Request
 
 __all__ = ["register", "run_replay", "SYSTEMS", "disk_warning", "check_setup", "nothing_measured"]
 
@@ -105,7 +119,7 @@ def _with_setup(args: argparse.Namespace) -> argparse.Namespace:
     return out
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     from kvstream.commands._common import (gpu_name, gpu_names, model_name, model_names, nonnegative_int,
                                            positive_float, positive_int, preset_name, preset_names,
                                            size_text)
@@ -166,7 +180,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 # -- workload -------------------------------------------------------------------------------------------------
-def _workload(args: argparse.Namespace) -> tuple[list[Any], str]:
+def _workload(args: argparse.Namespace) -> tuple[list[Request], str]:
     from kvstream.workload import generate, preset, read_mooncake
 
     if args.trace:
@@ -200,7 +214,19 @@ def _same_device(a: Path, b: Path) -> bool:
 
 
 # -- systems --------------------------------------------------------------------------------------------------
-def _system(name: str) -> dict[str, Any]:
+class _SystemSpec(TypedDict, total=False):
+    """A compared system: how many tiers (the local one first), the store's policies, the serving loop."""
+
+    tiers: Required[int]
+    router: Required[str]  # "single": the first tier's single:NAME
+    replication: Required[str]  # "measured": resolved by _replication from the tiers measured in the run
+    memory_eviction: Required[str]
+    serving: Required[ServingConfig]
+    compute: bool  # the GPU recomputes each blocking load's front (kvstream.compute)
+    read_disk: bool  # False: the tiers are written, never read (recompute-only)
+
+
+def _system(name: str) -> _SystemSpec:
     """Store and serving-loop settings of each compared system. The Bidaw systems (``kvstream``, ``bidaw-only``)
     run both halves of Bidaw: its scheduler and its hit-potential host-memory eviction (reads carry each
     request's session, turn, previous answer length and chunk positions); the others evict LRU, as LMCache does."""
@@ -240,26 +266,26 @@ class _LoadProbe:
     (``read_chunks`` call) that reached a disk tier: its wall seconds and, per tier, the busy seconds (time with a
     read in flight), bytes and chunks its step added to the tier's counters, and the seconds of the load during which the tier had copies being written (``write_s``: what
     :func:`device_as_seen` separates the tier's read rate beside its writes from its rate without them by). A
-    catch-up read step ending during a load is counted in that load (the two share the tier anyway). Everything
-    else goes to the store."""
+    catch-up read step ending during a load is counted in that load (the two share the tier anyway). The replay's
+    backend's loads read through :meth:`read_chunks` (``StoreBackend(read=...)``); the rest of it uses the store."""
 
-    def __init__(self, store: Any) -> None:
+    def __init__(self, store: Store) -> None:
         self._store = store
         self.loads: list[dict[str, Any]] = []
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._store, name)
 
     def _counters(self) -> list[tuple[float, int, int, float]]:
         writing = self._store.write_busy_seconds()
         return [(t.counters.read_busy_s, t.counters.read_bytes, t.counters.read_chunks, writing[t.name])
                 for t in self._store.tiers]
 
-    def read_chunks(self, keys: Any, **kw: Any) -> Any:
+    def read_chunks(self, keys: Sequence[bytes], *, metas: Sequence[AccessMeta | None] | None = None,
+                    compute: ComputeSource | None = None, background: bool = False
+                    ) -> Iterator[tuple[int, Chunk | None]]:
+        """:meth:`Store.read_chunks`, recording the load if it read a disk tier."""
         c0 = self._counters()
         t0 = time.perf_counter()
         try:
-            yield from self._store.read_chunks(keys, **kw)
+            yield from self._store.read_chunks(keys, metas=metas, compute=compute, background=background)
         finally:
             dur = time.perf_counter() - t0
             c1 = self._counters()
@@ -270,8 +296,8 @@ class _LoadProbe:
                                    "write_s": [b[3] - a[3] for a, b in zip(c0, c1)]})
 
 
-def _run_one(name: str, reqs: list[Any], tiers: list[tuple[str, Path]], args: argparse.Namespace, *,
-             emulated: bool, progress: Any, cost: Any, measured: dict[str, dict[str, float]],
+def _run_one(name: str, reqs: list[Request], tiers: list[tuple[str, Path]], args: argparse.Namespace, *,
+             emulated: bool, progress: Progress | None, cost: CostModel, measured: dict[str, dict[str, float]],
              label: str | None = None) -> dict[str, Any]:
     from kvstream.config import parse_size
     from kvstream.io import make_engine
@@ -307,6 +333,7 @@ def _run_one(name: str, reqs: list[Any], tiers: list[tuple[str, Path]], args: ar
         bw = args.emulate_gbps * 1e9
         engine = ThrottledEngine(engine, {f"{use[1][0]}-r": bw, f"{use[1][0]}-w": bw})
     store = open_store(cfg, engine=engine)
+    config = store.config  # the one schema: what the store opened with is what the crosscheck's model derives from
     # Host memory resident before the first request, as a serving engine's pinned buffers are (Store.
     # prefault_memory): otherwise the run's largest load pays for first touching fresh memory.
     store.prefault_memory(chunk_bytes)
@@ -318,7 +345,7 @@ def _run_one(name: str, reqs: list[Any], tiers: list[tuple[str, Path]], args: ar
         # Its prior: each tier's read bandwidth measured alone before the systems ran (as the simulator's
         # policy starts from its tiers' nominal bandwidth); the loads' own measurements take over.
         compute = ComputePolicy(n_tiers=len(use), bandwidth=[measured[tname]["read_bw"] for tname, _ in use])
-    backend = StoreBackend(probe if probe is not None else store, model=cost.model.name, chunk_bytes=chunk_bytes,
+    backend = StoreBackend(store, read=probe.read_chunks, model=cost.model.name, chunk_bytes=chunk_bytes,
                            compute=compute,
                            read_disk=sysd.get("read_disk", True))
     serving = dataclasses.replace(
@@ -326,9 +353,14 @@ def _run_one(name: str, reqs: list[Any], tiers: list[tuple[str, Path]], args: ar
         # prefetched KV waits pinned in host memory, within what the puts leave (staging_budget_chunks)
         prefetch_budget_chunks=backend.staging_budget_chunks() if sysd["serving"].prefetch != "none" else None)
     core = ServingCore(cost, backend.lookup, serving, chunk_bytes=chunk_bytes, compute=compute)
-    task = progress.add_task(f"{label or name:17s}", total=len(reqs)) if progress is not None else None
-    drv = RealtimeDriver(core, backend, reqs, speed=args.speed,
-                         on_progress=(lambda done, n: progress.update(task, completed=done)) if progress else None)
+    on_progress: Callable[[int, int], None] | None = None
+    if progress is not None:
+        bar, task = progress, progress.add_task(f"{label or name:17s}", total=len(reqs))
+
+        def on_progress(done: int, n: int) -> None:
+            bar.update(task, completed=done)
+
+    drv = RealtimeDriver(core, backend, reqs, speed=args.speed, on_progress=on_progress)
     t0 = time.perf_counter()
     from kvstream.io.cpuprobe import ThreadCpuMeter
 
@@ -340,15 +372,6 @@ def _run_one(name: str, reqs: list[Any], tiers: list[tuple[str, Path]], args: ar
         store.drain(timeout=60)
         stats = store.stats()
         thread_cpu = meter.stop()
-        # What the crosscheck's model must be given to run the store's read and write rules (_crosscheck).
-        store_model = {
-            "read_windows": store.config.read_windows,
-            "read_window_bytes": [t.cfg.read_inflight_bytes for t in store.tiers],
-            "read_window_floor_bytes": store.config.chunk_bytes or 0,
-            "capacity_bytes": [t.cfg.capacity_bytes for t in store.tiers],
-            "write_backlog_bytes": [t.cfg.write_backlog_bytes if t.cfg.write_backlog_bytes is not None
-                                    else store.config.memory_bytes // 2 for t in store.tiers],
-        }
     finally:
         backend.close()
         store.close()
@@ -383,7 +406,7 @@ def _run_one(name: str, reqs: list[Any], tiers: list[tuple[str, Path]], args: ar
                                                   "read_chunks", "duplicate_chunks", "write_skipped_backlog")}
                        for k, v in stats.tiers.items()},
         "verify_s_per_chunk": stats.verify_seconds / max(stats.disk_hits, 1),
-        "store_model": store_model,
+        "store_config": config,  # what the crosscheck's model runs the store's rules from (crosscheck_system)
         "load_steps": probe.loads,
         "thread_cpu": {k: {"cpu_s": v.cpu_s, "runq_s": v.runq_s} for k, v in sorted(thread_cpu.items())},
         "gil_wait_share": meter.gil_wait_share,
@@ -396,7 +419,7 @@ def _run_one(name: str, reqs: list[Any], tiers: list[tuple[str, Path]], args: ar
     }
 
 
-def _ttft_by_request(records: list[Any], reqs: list[Any]) -> list[float]:
+def _ttft_by_request(records: list[RequestRecord], reqs: list[Request]) -> list[float]:
     """Each request's TTFT in the workload's order (what the verdicts pair across systems and rounds). A request
     that got no first token counts from its arrival to the run's last first token: a lower bound, never a gain."""
     by_id = {r.request_id: r for r in records}
@@ -555,7 +578,7 @@ def run_replay(args: argparse.Namespace) -> dict[str, Any]:
 
 
 # Per-run detail kept out of the JSON's rows (the figure and the crosscheck use it).
-_BULKY = ("ttfts", "ttft_by_request", "tier_series", "steps_read_s", "step_read_bytes", "load_steps")
+_BULKY = ("ttfts", "ttft_by_request", "tier_series", "steps_read_s", "step_read_bytes", "load_steps", "store_config")
 
 
 def _merge_rounds(runs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -604,7 +627,7 @@ def compare_systems(runs: dict[str, list[dict[str, Any]]], names: list[str]) -> 
     return out
 
 
-def check_setup(args: argparse.Namespace, reqs: list[Any], cost: Any) -> None:
+def check_setup(args: argparse.Namespace, reqs: Sequence[Request], cost: CostModel) -> None:
     """Refuse, before anything runs, a replay that could not measure what it reports (raises
     :class:`~kvstream.errors.NothingMeasuredError` naming the option): a workload without requests, or a disk tier
     (``--tier-capacity``) or host memory (``--memory``) that cannot hold one chunk of the model's KV (a tier
@@ -691,7 +714,7 @@ def _replication(spec: str, read_bws: list[float]) -> str:
     return "full" if f >= 1.0 else f"partial:{f:.2f}"
 
 
-def _measure_tiers(tiers: list[tuple[str, Path]], args: argparse.Namespace, cost: Any, emulated: bool,
+def _measure_tiers(tiers: list[tuple[str, Path]], args: argparse.Namespace, cost: CostModel, emulated: bool,
                    n: int | None = None, mixed: bool = True) -> dict[str, dict[str, float]]:
     """Each tier through the store, alone, independent of the workload: write bandwidth (``n`` chunks put and
     flushed, bytes over the time the tier was writing them; default: 40, or fewer so that about 768 MiB are
@@ -764,10 +787,12 @@ def _measure_tiers(tiers: list[tuple[str, Path]], args: argparse.Namespace, cost
     return out
 
 
-def crosscheck_system(measured: dict[str, dict[str, float]], real: dict[str, Any], memory_bytes: int) -> Any:
-    """The simulator's ``kvstream-only`` for the crosscheck: the tiers' bandwidths measured through the store
-    (alone and while writing, :func:`_measure_tiers`), and the store's own read and write rules as the replay
-    ran them (``real["store_model"]``, ``real["verify_s_per_chunk"]``):
+def crosscheck_system(measured: dict[str, dict[str, float]], real: dict[str, Any]) -> SystemConfig:
+    """The simulator's ``kvstream-only`` for the crosscheck: the store the replay opened (``real["store_config"]``),
+    as the simulator models a store (:meth:`~kvstream.sim.driver.SystemConfig.from_store`), with the tiers'
+    bandwidths measured through the store (alone and while writing, :func:`_measure_tiers`) and the consumer's
+    check as the replay measured it (``real["verify_s_per_chunk"]``). So the model runs the store's own read and
+    write rules:
 
     - each tier's claim window in bytes and the windows' floor, which also set the read-ahead bound: with 48 MiB
       chunks and 32 MiB windows a tier refills only after the consumer has checked what landed, so
@@ -780,22 +805,10 @@ def crosscheck_system(measured: dict[str, dict[str, float]], real: dict[str, Any
 
     While writes are in flight reads get the share they got in the mixed probe (no extra switching loss)."""
     from kvstream.serving.core import ServingConfig
-    from kvstream.sim.driver import SystemConfig, TierModel
+    from kvstream.sim.driver import SystemConfig
 
-    model = real.get("store_model") or {}
-    windows = model.get("read_window_bytes") or [None] * len(measured)
-    capacity = model.get("capacity_bytes") or [None] * len(measured)
-    backlog = model.get("write_backlog_bytes")
-    tiers = [TierModel(name=name, read_bw=m["read_bw"], write_bw=m["write_bw"], read_window=4,
-                       read_window_bytes=windows[k], capacity_bytes=capacity[k],
-                       read_share=min(m["mixed_read_bw"] / m["read_bw"], 1.0), interference=0.0)
-             for k, (name, m) in enumerate(measured.items())]
-    return SystemConfig(name="kvstream-only (sim)", tiers=tuple(tiers), router="mitm", replication="full",
-                        serving=ServingConfig(), host_memory_bytes=memory_bytes,
-                        read_windows=model.get("read_windows", "balanced"),
-                        read_window_floor_bytes=model.get("read_window_floor_bytes"),
-                        verify_s=float(real.get("verify_s_per_chunk", 0.0)),
-                        write_backlog_bytes=max(backlog) if backlog else None)
+    return SystemConfig.from_store(real["store_config"], measured, name="kvstream-only (sim)",
+                                   serving=ServingConfig(), verify_s=float(real.get("verify_s_per_chunk", 0.0)))
 
 
 def read_breakdown(loads: list[dict[str, Any]], names: list[str], alone: dict[str, float],
@@ -855,7 +868,7 @@ def device_as_seen(loads: list[dict[str, Any]], k: int) -> dict[str, float] | No
     return {"read_bw": float(1.0 / u), "read_share": float(min(u / v, 1.0)), "bytes_beside_writes": beside_share}
 
 
-def _sim_run(reqs: list[Any], real: dict[str, Any], args: argparse.Namespace, measured: dict[str, dict[str, float]],
+def _sim_run(reqs: list[Request], real: dict[str, Any], args: argparse.Namespace, measured: dict[str, dict[str, float]],
              chunk: int) -> dict[str, Any]:
     """One simulated ``kvstream-only`` run of the replay's requests with ``measured`` tier bandwidths and the store's
     rules as the replay ran them: its read time per step, mean TTFT, load speed and per-load tier log."""
@@ -863,7 +876,7 @@ def _sim_run(reqs: list[Any], real: dict[str, Any], args: argparse.Namespace, me
     from kvstream.serving.storebackend import LoadRecord, disk_load_gbps
     from kvstream.sim.driver import Hardware, simulate
 
-    sysc = crosscheck_system(measured, real, parse_size(args.memory, "--memory"))
+    sysc = crosscheck_system(measured, real)
     hw = Hardware(gpu=args.gpu, model=args.model, tp=args.tp, hbm_kv_bytes=parse_size(args.gpu_kv, "--gpu-kv"))
     scaled = [dataclasses.replace(r, arrival=r.arrival / args.speed) for r in reqs]
     sim = simulate([scaled], sysc, hw, seed=args.seed)
@@ -888,7 +901,7 @@ def _within(sim: dict[str, Any], real_rt: float, real_ttft: float) -> bool:
             and abs(sim["ttft_mean_s"] - real_ttft) <= 0.10 * real_ttft)
 
 
-def _crosscheck(reqs: list[Any], results: list[dict[str, Any]], args: argparse.Namespace, cost: Any,
+def _crosscheck(reqs: list[Request], results: list[dict[str, Any]], args: argparse.Namespace, cost: CostModel,
                 emulated: bool, measured: dict[str, dict[str, float]]) -> dict[str, Any]:
     """Simulate kvstream-only on the same workload with the store's read and write rules
     (:func:`crosscheck_system`) and compare the read time per step and the mean TTFT (the issue's figures), and,

@@ -82,6 +82,7 @@ from collections import deque
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from enum import Enum
+from typing import TypeVar
 
 from kvstream.compute import ComputePolicy, gpu_share
 from kvstream.errors import UsageError
@@ -115,6 +116,7 @@ __all__ = [
     "Event",
     "Action",
     "Lookup",
+    "staged_span",
 ]
 
 Lookup = Callable[[Sequence[Hashable]], tuple[int, int]]  # chunk ids -> (present prefix, of which in host memory)
@@ -132,6 +134,18 @@ class LoadDone:
     available: tuple[tuple[int, int], ...]  # (request id, leading chunks of its item now available)
     # (request id, how many of those leading chunks the GPU recomputed: on the GPU, not pinned in host memory)
     computed: tuple[tuple[int, int], ...] = ()
+
+
+K = TypeVar("K")
+
+
+def staged_span(item: Sequence[K], available: int, computed: int) -> Sequence[K]:
+    """The chunks of a load's item that stay pinned in host memory for its request once the load is done: its
+    available leading chunks (``LoadDone.available``) after the leading run the GPU recomputed
+    (``LoadDone.computed``: on the GPU, never pinned). One pin per item and chunk; the core releases exactly these
+    (:class:`ReleaseChunks`). The one statement of the rule both stores keep (the simulator's modelled host memory
+    and replay's staged payload views) and the core releases by."""
+    return item[computed:available]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -441,7 +455,7 @@ class ServingCore:
                 raise UsageError(f"LoadDone {ev.load_id}: request {r.rid} has {n} chunks available ({c} computed) "
                                  f"of {len(item)} asked")
             if n > c:
-                r.pins.append(item[c:n])
+                r.pins.append(tuple(staged_span(item, n, c)))
             r.avail = n
             r.computed = c
             r.present = n  # anything past the first lost chunk is recomputed

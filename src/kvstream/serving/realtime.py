@@ -8,12 +8,15 @@ arrivals — and each with its own time as ``now`` (an arrival at its scheduled 
 a load at the moment its last chunk landed), not the instant the loop noticed it. So identical event sequences
 give identical decisions in both drivers (tested with a virtual clock: ``tests/test_replay_driver.py``).
 
-Backends (what the core's actions are carried out on) implement :class:`RealtimeBackend`; loads run on the
-backend's own threads and report through :meth:`RealtimeDriver.post`.
+Backends (what the core's actions are carried out on) implement :class:`~kvstream.serving.backend.ServingBackend`,
+as the simulator's modelled store does, and the actions are carried out by the one
+:func:`~kvstream.serving.backend.dispatch` both drivers use; loads run on the backend's own threads and report
+through :meth:`RealtimeDriver.post`. A forward step is a deadline on this driver's clock.
 
 Queue-aware eviction: when the backend's host-memory policy takes a look-ahead window
-(:attr:`RealtimeBackend.wants_window`), the driver hands it the core's window (:meth:`ServingCore.window_sessions`,
-the scheduling policy's serving order) after every event, as the simulator's driver does.
+(:attr:`ServingBackend.wants_window`), the core's window (:meth:`ServingCore.window_sessions`, the scheduling
+policy's serving order) is handed to it after every event (:func:`~kvstream.serving.backend.deliver`), as in the
+simulator.
 """
 
 from __future__ import annotations
@@ -23,26 +26,14 @@ import heapq
 import threading
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Hashable, Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
 
-from kvstream.serving.core import (
-    Action,
-    Arrival,
-    Event,
-    Flush,
-    LoadDone,
-    ReleaseChunks,
-    ServingCore,
-    StartLoad,
-    StartStep,
-    StepDone,
-    WriteChunks,
-)
+from kvstream.serving.backend import Record, ServingBackend, deliver, dispatch, window_wanted
+from kvstream.serving.core import Action, Arrival, Event, LoadDone, ServingCore, StartStep, StepDone
 from kvstream.sim.engine import PRIO_ARRIVAL, PRIO_IO, PRIO_STEP
 from kvstream.workload.request import Request
 
-__all__ = ["Clock", "WallClock", "RealtimeBackend", "RealtimeDriver"]
+__all__ = ["Clock", "WallClock", "RealtimeDriver"]
 
 
 class Clock(ABC):
@@ -80,51 +71,15 @@ class WallClock(Clock):
             self._cv.notify_all()
 
 
-class RealtimeBackend(ABC):
-    """The store side of a real-time run. ``lookup`` is the core's query; the rest carry out its actions."""
-
-    @abstractmethod
-    def lookup(self, chunk_ids: Sequence[Hashable]) -> tuple[int, int]: ...
-
-    @abstractmethod
-    def start_load(self, action: StartLoad, post: Callable[[LoadDone], None]) -> None:
-        """Start the load (on another thread); call ``post(LoadDone)`` when every chunk has landed."""
-
-    @abstractmethod
-    def write(self, action: WriteChunks) -> None: ...
-
-    @abstractmethod
-    def flush(self) -> None: ...
-
-    def release(self, chunk_ids: Sequence[Hashable]) -> None:  # the payloads went "to the GPU"
-        pass
-
-    @property
-    def wants_window(self) -> bool:
-        """True if :meth:`set_window` matters (the host-memory eviction policy is queue-aware)."""
-        return False
-
-    def set_window(self, sessions: Sequence[Hashable]) -> None:
-        """The sessions the waiting queue's look-ahead window will need (protected from eviction)."""
-
-    def sample(self) -> dict[str, int]:
-        """Cumulative bytes read and written per tier (for the bytes-per-tier-over-time figure)."""
-        return {}
-
-    def close(self) -> None:
-        pass
-
-
 class RealtimeDriver:
     """Runs one core against a backend in real time. ``speed`` compresses the arrival times: the requests are
     re-timed once, up front (arrival / speed), so the core sees one time line: the arrival it is given, the
     time it is delivered, TTFT, queueing time and the scheduler's waiting time (HRRN) all use the compressed
     arrival (:attr:`requests` holds the re-timed requests)."""
 
-    def __init__(self, core: ServingCore, backend: RealtimeBackend, requests: Sequence[Request], *,
+    def __init__(self, core: ServingCore, backend: ServingBackend, requests: Sequence[Request], *,
                  clock: Clock | None = None, speed: float = 1.0, sample_every_s: float = 0.5,
-                 on_progress: Callable[[int, int], None] | None = None,
-                 record: list[tuple[float, Event, tuple[Action, ...]]] | None = None) -> None:
+                 on_progress: Callable[[int, int], None] | None = None, record: Record | None = None) -> None:
         self.core = core
         self.backend = backend
         if speed <= 0 or speed != speed:
@@ -140,7 +95,7 @@ class RealtimeDriver:
         self._seq = 0
         self._step: tuple[float, int] | None = None  # (modelled end, step id)
         self.lag_s = 0.0  # worst delay between an event's time and its delivery (driver overhead)
-        self._window = backend.wants_window and core.cfg.eviction_window > 0
+        self._window = window_wanted(core, backend)
 
     def post(self, ev: LoadDone) -> None:
         """Called by the backend (any thread) when a load has finished."""
@@ -155,28 +110,15 @@ class RealtimeDriver:
             heapq.heappush(self._posted, (t, PRIO_IO, self._seq, ev))
         self.clock.wake()
 
+    def _start_step(self, a: StartStep, now: float) -> None:
+        self._step = (now + a.duration, a.step_id)
+
     def _dispatch(self, actions: Sequence[Action], now: float) -> None:
-        for a in actions:
-            if isinstance(a, StartStep):
-                self._step = (now + a.duration, a.step_id)
-            elif isinstance(a, StartLoad):
-                self.backend.start_load(a, self.post)
-            elif isinstance(a, WriteChunks):
-                self.backend.write(a)
-            elif isinstance(a, Flush):
-                self.backend.flush()
-            elif isinstance(a, ReleaseChunks):
-                self.backend.release(a.chunk_ids)
-            else:  # pragma: no cover
-                raise TypeError(f"unknown action {a!r}")
+        dispatch(actions, self.backend, post=self.post, start_step=lambda a: self._start_step(a, now))
 
     def _deliver(self, t: float, ev: Event) -> None:
-        actions = self.core.handle(ev, t)
-        if self.record is not None:
-            self.record.append((t, ev, tuple(actions)))
-        self._dispatch(actions, t)
-        if self._window:
-            self.backend.set_window(self.core.window_sessions())
+        deliver(self.core, self.backend, ev, t, post=self.post, start_step=lambda a: self._start_step(a, t),
+                window=self._window, record=self.record)
 
     def _next_due(self, i: int) -> tuple[float, tuple[float, int, Event] | None]:
         """``(now, event)``: the clock, read under the posting lock, and the earliest event due by then in
@@ -250,9 +192,3 @@ class RealtimeDriver:
             self.clock.wait(max(wake_at - self.clock.now(), 0.0))
         self._dispatch(self.core.flush_writes(), self.clock.now())
         self.core.metrics.tier_series.append((self.clock.now(), self.backend.sample()))
-
-
-def run_realtime(core: ServingCore, backend: RealtimeBackend, requests: Sequence[Request], **kw: Any) -> RealtimeDriver:
-    d = RealtimeDriver(core, backend, requests, **kw)
-    d.run()
-    return d

@@ -31,20 +31,35 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Hashable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from kvstream.eviction import AccessMeta
 from kvstream.io.throttle import ThrottledEngine
 from kvstream.keys import ChunkKeyer, KeyNamespace
 from kvstream.read_step import ReadStep
-from kvstream.serving.core import LoadDone, StartLoad, WriteChunks
-from kvstream.serving.realtime import RealtimeBackend
-from kvstream.store import RECOMPUTED, ComputeRequest
+from kvstream.serving.core import LoadDone, StartLoad, WriteChunks, staged_span
+from kvstream.serving.staging import StagedPins
+from kvstream.serving.backend import ServingBackend
+from kvstream.store import RECOMPUTED, Chunk, ComputeRequest, Store
 
-__all__ = ["StoreBackend", "ThrottledEngine", "LoadRecord", "disk_load_gbps"]
+if TYPE_CHECKING:
+    from kvstream.compute import ComputePolicy
+
+__all__ = ["StoreBackend", "ThrottledEngine", "LoadRecord", "disk_load_gbps", "ComputeSource", "ReadChunks"]
+
+# The GPU's part of a read step, as ``Store.read_chunks(compute=...)`` takes it.
+ComputeSource = Callable[[list[bytes], list[list[int]]], "ComputeRequest | None"]
+
+
+class ReadChunks(Protocol):
+    """The read path a backend's loads go through: :meth:`kvstream.store.Store.read_chunks`'s signature."""
+
+    def __call__(self, keys: Sequence[bytes], *, metas: Sequence[AccessMeta | None] | None = None,
+                 compute: ComputeSource | None = None, background: bool = False
+                 ) -> Iterator[tuple[int, Chunk | None]]: ...
 
 log = logging.getLogger(__name__)
 
@@ -88,14 +103,16 @@ def _meta4(meta: Sequence[Any]) -> tuple[Hashable | None, int | None, int | None
     return m[0], m[1], m[2], m[3]
 
 
-class StoreBackend(RealtimeBackend):
+class StoreBackend(ServingBackend):
     """The real store behind a real-time run (see the module docstring)."""
 
-    def __init__(self, store: Any, *, model: str, chunk_bytes: int, workers: int = 2,
-                 compute: Any | None = None, read_disk: bool = True) -> None:
+    def __init__(self, store: Store, *, model: str, chunk_bytes: int, workers: int = 2,
+                 compute: ComputePolicy | None = None, read_disk: bool = True, read: ReadChunks | None = None) -> None:
         import numpy as np
 
         self.store = store
+        # The loads' read path: the store's, or a wrapper of it (replay's crosscheck records each load's tier time).
+        self.read_chunks: ReadChunks = read if read is not None else store.read_chunks
         self.compute = compute  # a kvstream.compute.ComputePolicy, or None: loads only
         self.computed_chunks = 0
         self.read_disk = read_disk  # False: the recompute-only baseline (lookups see host memory only)
@@ -111,11 +128,13 @@ class StoreBackend(RealtimeBackend):
         self.write_s = 0.0  # seconds spent in ``put`` (copy, checksum, waits for free memory), on the put thread
         self._writes = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kvs-replay-put")
         self._lock = threading.Lock()
-        # key -> (the store's payload view, pins). Holding the view is the staging: it pins the store's buffer
-        # (host memory, or the read's own buffer), which is never reused while a view of it lives, so a
-        # prefetched request keeps its KV even if the store evicts the entry meanwhile, and nothing is copied
-        # (a real engine hands the same host buffer to the host->GPU transfer). See _load and release.
-        self._staged: dict[bytes, tuple[memoryview, int]] = {}
+        # The staged chunks' pins (one per load item and chunk: the ledger the simulator's store keeps too) and, per
+        # staged key, the store's payload view. Holding the view is the staging: it pins the store's buffer (host
+        # memory, or the read's own buffer), which is never reused while a view of it lives, so a prefetched
+        # request keeps its KV even if the store evicts the entry meanwhile, and nothing is copied (a real engine
+        # hands the same host buffer to the host->GPU transfer). Both under _lock. See _load and release.
+        self._pins: StagedPins[bytes] = StagedPins()
+        self._views: dict[bytes, memoryview] = {}
 
     def key(self, c: Hashable) -> bytes:
         k = self._keys.get(c)
@@ -166,7 +185,7 @@ class StoreBackend(RealtimeBackend):
         done: set[bytes] = set()  # keys the GPU recomputed
         try:
             compute = self._compute_request(action, item_keys) if with_compute else None
-            for i, chunk in self.store.read_chunks(keys, metas=metas, compute=compute):
+            for i, chunk in self.read_chunks(keys, metas=metas, compute=compute):
                 if chunk is RECOMPUTED:
                     got[i] = True
                     done.add(keys[i])
@@ -177,7 +196,7 @@ class StoreBackend(RealtimeBackend):
                         mem_bytes += len(chunk.payload)
                     else:
                         disk_bytes += len(chunk.payload)
-                    # Held (not copied) until the core releases it: see ``_staged``.
+                    # Held (not copied) until the core releases it: see ``_views``.
                     data[keys[i]] = chunk.payload
         except Exception:  # a failing store must not hang the run: report what landed, and say why
             log.exception("replay: a load failed part-way; the chunks that landed are used, the rest recomputed")
@@ -193,16 +212,13 @@ class StoreBackend(RealtimeBackend):
         counts = leading_computed(item_keys, done, avail)
         with self._lock:
             for ks, n, c in zip(item_keys, avail, counts):
-                for k in ks[c:n]:
+                for k in staged_span(ks, n, c):
                     if k in done and k not in data:
                         # Recomputed behind a chunk a tier delivered: staged as if loaded (the core charges its
                         # host->GPU move; pessimistic, as the simulator's store is).
                         data[k] = memoryview(self.payload)
-                    held = self._staged.get(k)
-                    if held is None:
-                        self._staged[k] = (data.pop(k), 1)
-                    else:
-                        self._staged[k] = (held[0], held[1] + 1)
+                    if self._pins.hold(k):  # its first pin: keep this load's view (a later pin keeps the first)
+                        self._views[k] = data.pop(k)
         for unused in data.values():  # landed after a missing chunk, or already staged by another load
             unused.release()
         self.load_s.append(time.perf_counter() - t0)
@@ -272,12 +288,8 @@ class StoreBackend(RealtimeBackend):
         with self._lock:
             for c in chunk_ids:
                 k = self.key(c)
-                payload, pins = self._staged[k]
-                if pins > 1:
-                    self._staged[k] = (payload, pins - 1)
-                else:
-                    del self._staged[k]
-                    done.append(payload)
+                if self._pins.release(k):
+                    done.append(self._views.pop(k))
         for view in done:  # the store may reuse the buffer (or evict the entry's) from now on
             view.release()
 
@@ -295,15 +307,14 @@ class StoreBackend(RealtimeBackend):
         memory = store.config.memory_bytes
         backlog = 0
         if len(store.tiers) > 1:
-            backlog = max(t.cfg.write_backlog_bytes if t.cfg.write_backlog_bytes is not None else memory // 2
-                          for t in store.tiers[1:])
+            backlog = max(store.config.write_backlog_limit(t.cfg) for t in store.tiers[1:])
         backlog_chunks = -(-backlog // fsize)  # the valve takes a copy while the backlog is below its limit
         return staging_budget_chunks(memory // BufferPool.size_class(fsize), backlog_chunks)
 
     @property
     def staged_bytes(self) -> int:
         with self._lock:
-            return sum(len(p) for p, _ in self._staged.values())
+            return sum(len(v) for v in self._views.values())
 
     def sample(self) -> dict[str, int]:
         out: dict[str, int] = {}
@@ -316,7 +327,8 @@ class StoreBackend(RealtimeBackend):
         self._pool.shutdown(wait=True)
         self._writes.shutdown(wait=True)
         with self._lock:
-            left = [view for view, _ in self._staged.values()]
-            self._staged.clear()
+            left = list(self._views.values())
+            self._views.clear()
+            self._pins.clear()
         for view in left:
             view.release()

@@ -3,8 +3,10 @@
 Entities (a :class:`SimNode` per serving instance: its :class:`~kvstream.serving.core.ServingCore` and its
 :class:`~kvstream.sim.storage.SimStorage`), models (:class:`~kvstream.serving.gpu.CostModel`,
 :class:`~kvstream.sim.devices.Device`) and events (the core's own :mod:`kvstream.serving.core` events, on the
-:class:`~kvstream.sim.engine.EventLoop`) are kept apart: the driver only turns the core's actions into
-scheduled events and storage calls, exactly as ``kvstream replay`` turns them into real I/O and waits.
+:class:`~kvstream.sim.engine.EventLoop`) are kept apart: the node hands each event to
+:func:`kvstream.serving.backend.deliver`, the code ``kvstream replay``'s driver uses too, which carries the core's
+storage actions out on the :class:`~kvstream.serving.backend.ServingBackend` (here the modelled store); only the
+clock is the simulator's own (a forward step is an event on the loop).
 
 Several nodes share a tier when its :class:`TierModel` says ``shared=True`` (one PFS for the cluster).
 """
@@ -14,28 +16,26 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from kvstream.config import StoreConfig
 from kvstream.eviction import EvictionPolicy, make_eviction_policy
 from kvstream.replication import parse_replication
 from kvstream.read_windows import ReadWindows, make_read_windows
 from kvstream.routing import parse_router
+from kvstream.serving.backend import Record, deliver, dispatch, window_wanted
 from kvstream.serving.core import (
     Action,
     Arrival,
     Event,
-    Flush,
-    ReleaseChunks,
     ServingConfig,
     ServingCore,
-    StartLoad,
     StartStep,
     StepDone,
-    WriteChunks,
     staging_budget_chunks,
 )
 from kvstream.serving.gpu import CostModel, get_gpu, get_model_shape
@@ -137,6 +137,32 @@ class SystemConfig:
     def replace(self, **kw: Any) -> "SystemConfig":
         return dataclasses.replace(self, **kw)
 
+    @classmethod
+    def from_store(cls, config: StoreConfig, rates: Mapping[str, Mapping[str, float]], *, name: str,
+                   serving: ServingConfig | None = None, verify_s: float = 0.0,
+                   read_window: int = 4) -> "SystemConfig":
+        """The simulator's model of a store opened with ``config``: the one place a :class:`StoreConfig` becomes a
+        system. The store's settings carry over: its tiers (names, capacities, claim windows in bytes:
+        ``read_inflight_bytes``), host memory and its eviction policy, router, replication, window policy, the
+        windows' floor (``chunk_bytes``, or 0 when it is not set: it also sets the read-ahead bound) and the write
+        backlog valve (the largest tier limit, :meth:`StoreConfig.write_backlog_limit`). What a configuration does
+        not say comes from ``rates`` (per tier name: ``read_bw``, ``write_bw`` and ``mixed_read_bw``, the read rate
+        while the tier writes, in bytes/s; reads get that share of the device while writes are in flight, with no
+        extra switching loss), ``verify_s`` (the consumer's check, seconds per chunk read) and ``serving`` (None: the
+        default serving loop).
+        ``read_window``: chunks in flight per tier where a window is not given in bytes (it always is here)."""
+        tiers = []
+        for t in config.tiers:
+            r = rates[t.name]
+            tiers.append(TierModel(name=t.name, read_bw=r["read_bw"], write_bw=r["write_bw"], read_window=read_window,
+                                   read_window_bytes=t.read_inflight_bytes, capacity_bytes=t.capacity_bytes,
+                                   read_share=min(r["mixed_read_bw"] / r["read_bw"], 1.0), interference=0.0))
+        return cls(name=name, tiers=tuple(tiers), router=config.router, replication=config.replication,
+                   serving=serving or ServingConfig(), host_memory_bytes=config.memory_bytes,
+                   host_eviction=config.memory_eviction, read_windows=config.read_windows,
+                   read_window_floor_bytes=config.chunk_bytes or 0, verify_s=verify_s,
+                   write_backlog_bytes=max(config.write_backlog_limit(t) for t in config.tiers))
+
 
 @dataclass(frozen=True, kw_only=True)
 class Hardware:
@@ -154,8 +180,7 @@ class SimNode:
     """One serving instance in the simulation: core + store + its arrivals."""
 
     def __init__(self, loop: EventLoop, core: ServingCore, storage: SimStorage, requests: Sequence[Request],
-                 *, on_change: Callable[[], None] | None = None,
-                 record: list[tuple[float, Event, tuple[Action, ...]]] | None = None) -> None:
+                 *, on_change: Callable[[], None] | None = None, record: Record | None = None) -> None:
         self.loop = loop
         self.core = core
         self.storage = storage
@@ -163,7 +188,7 @@ class SimNode:
         self._next = 0
         self._on_change = on_change
         self.record = record
-        self._window = core.cfg.eviction_window  # the same rule replay's driver uses
+        self._window = window_wanted(core, storage)  # the rule replay's driver uses
 
     @property
     def arrivals_left(self) -> int:
@@ -181,34 +206,16 @@ class SimNode:
         self.deliver(Arrival(request=r))
 
     def deliver(self, ev: Event) -> None:
-        actions = self.core.handle(ev, self.loop.now)
-        if self.record is not None:
-            self.record.append((self.loop.now, ev, tuple(actions)))
-        self.dispatch(actions)
-        pol = self.storage.policy
-        if self._window and hasattr(pol, "set_window"):
-            pol.set_window(self.core.window_sessions())
+        deliver(self.core, self.storage, ev, self.loop.now, post=self.deliver, start_step=self._start_step,
+                window=self._window, record=self.record)
         if self._on_change is not None:
             self._on_change()
 
+    def _start_step(self, a: StartStep) -> None:
+        self.loop.at(self.loop.now + a.duration, PRIO_STEP, self.deliver, StepDone(step_id=a.step_id))
+
     def dispatch(self, actions: Sequence[Action]) -> None:
-        loop, storage = self.loop, self.storage
-        for a in actions:
-            if isinstance(a, StartStep):
-                loop.at(loop.now + a.duration, PRIO_STEP, self.deliver, StepDone(step_id=a.step_id))
-            elif isinstance(a, StartLoad):
-                if a.compute_s:
-                    storage.start_load(a.load_id, a.items, self.deliver, a.metas, compute_s=a.compute_s)
-                else:  # a store without compute (test fakes) keeps its four-argument start_load
-                    storage.start_load(a.load_id, a.items, self.deliver, a.metas)
-            elif isinstance(a, WriteChunks):
-                storage.write(a)
-            elif isinstance(a, Flush):
-                storage.flush()
-            elif isinstance(a, ReleaseChunks):
-                storage.release(a.chunk_ids)
-            else:  # pragma: no cover
-                raise TypeError(f"unknown action {a!r}")
+        dispatch(actions, self.storage, post=self.deliver, start_step=self._start_step)
 
     @property
     def done(self) -> bool:
@@ -262,7 +269,7 @@ def simulate(
     slo_s: float = 1.0,
     sample_every_s: float | None = None,
     until: float | None = None,
-    record: list[tuple[float, Event, tuple[Action, ...]]] | None = None,
+    record: Record | None = None,
     prewarm: Sequence[Sequence[Sequence[Any]]] | None = None,
     prewarm_tiers: Sequence[str] | None = None,
 ) -> SimResult:

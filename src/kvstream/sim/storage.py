@@ -1,14 +1,18 @@
 """The modelled store of one node: host memory + disk tiers on modelled devices, driven by the real policies.
 
-It answers the serving core's ``lookup`` and carries out its ``StartLoad`` / ``WriteChunks`` /
-``ReleaseChunks`` actions in simulated time, with the *same* policy objects the real engine uses:
-a :class:`kvstream.routing.ReadRouter` decides which tier reads which chunk of a load, a
-:class:`kvstream.replication.ReplicationPolicy` which tiers get each written chunk (and which copies to add
-after a read), and a :class:`kvstream.eviction.EvictionPolicy` which host-memory chunk leaves.
+It is a :class:`~kvstream.serving.backend.ServingBackend`, as replay's real store behind the core is: it answers
+the serving core's ``lookup`` and carries out its ``StartLoad`` / ``WriteChunks`` / ``Flush`` / ``ReleaseChunks``
+actions (dispatched by the one :func:`kvstream.serving.backend.dispatch`) in simulated time, with the *same*
+policy objects the real engine uses: a :class:`kvstream.routing.ReadRouter` decides which tier reads which chunk
+of a load, a :class:`kvstream.replication.ReplicationPolicy` which tiers get each written chunk (and which copies
+to add after a read), and a :class:`kvstream.eviction.EvictionPolicy` which host-memory chunk leaves.
 
 Host memory holds clean cached chunks and pinned ones (read for a request that has not run yet, or waiting
 to be written). Pinned chunks are not in the eviction policy (its protocol: pinned entries are simply not
-inserted). If everything is pinned, host memory overflows rather than deadlocks; the overflow is reported.
+inserted). If everything is pinned, host memory overflows rather than deadlocks; the overflow is reported. The
+pins a load takes for the core (one per item and chunk of its staged span, released by ``ReleaseChunks``) are
+counted in :class:`kvstream.serving.staging.StagedPins`, the ledger replay's backend keeps too; host memory holds
+a staged chunk pinned while that ledger has any pin on it.
 
 Driving a read: the load's disk chunks form one :class:`kvstream.read_step.ReadStep`, the very object the real
 store's reader drives (claims, read windows, the read-ahead bound, duplicates, losses). Here its actions are
@@ -58,7 +62,9 @@ from kvstream.debt_policy import BacklogValve, CatchUpPolicy, DebtAction, ValveD
 from kvstream.replication import CopyOrder, ReadObservation, ReplicationPolicy, WriteIntent
 from kvstream.read_windows import ReadWindows
 from kvstream.routing import ReadRouter
-from kvstream.serving.core import LoadDone, WriteChunks
+from kvstream.serving.backend import ServingBackend
+from kvstream.serving.core import LoadDone, StartLoad, WriteChunks, staged_span
+from kvstream.serving.staging import StagedPins
 from kvstream.sim.devices import READ, WRITE, Device
 from kvstream.sim.engine import PRIO_IO, EventLoop
 from kvstream.tiers.contract import TierCapabilities
@@ -188,7 +194,7 @@ class _Load:
         self.chain = 0  # leading chunks of items[0] the read step's compute source may recompute
 
 
-class SimStorage:
+class SimStorage(ServingBackend):
     """One node's modelled store. ``lookup`` is the serving core's query; the rest carry out its actions."""
 
     def __init__(
@@ -226,7 +232,8 @@ class SimStorage:
         self.computed_chunks = 0
         self.compute_s = 0.0
         self._cpu_free = 0.0
-        self._host: dict[Hashable, int] = {}  # resident chunk -> pins
+        self._host: dict[Hashable, int] = {}  # resident chunk -> pins (one for all its staged pins, one per write)
+        self._staged: StagedPins[Hashable] = StagedPins()  # staged pins per chunk, one per load item (the core's)
         self._meta: dict[Hashable, AccessMeta] = {}
         self._write_left: dict[Hashable, int] = {}  # chunk -> target tier writes still to complete
         self._buffered: dict[Hashable, int] = {}  # put, not yet flushed: chunk -> position in its prefix
@@ -308,17 +315,27 @@ class SimStorage:
             self._meta.pop(v, None)
             self.host_evictions += 1
 
-    def release(self, chunk_ids: Sequence[Hashable]) -> None:
-        for c in chunk_ids:
+    def _stage(self, c: Hashable) -> None:
+        """One staged pin on ``c`` for a load item (the ledger both backends keep, :mod:`kvstream.serving.staging`);
+        its first pins the chunk in host memory."""
+        if self._staged.hold(c):
+            self._pin(c)
+
+    def _unstage(self, c: Hashable) -> None:
+        if self._staged.release(c):
             self._unpin(c)
 
+    def release(self, chunk_ids: Sequence[Hashable]) -> None:
+        for c in chunk_ids:
+            self._unstage(c)
+
     # -- loads ----------------------------------------------------------------------------------------------
-    def start_load(self, load_id: int, items: Sequence[tuple[int, tuple[Hashable, ...]]],
-                   on_done: Callable[[LoadDone], None],
-                   metas: Sequence[tuple[Hashable | None, int | None, *tuple[int, ...]]] = (),
-                   compute_s: Sequence[Sequence[float]] = ()) -> None:
+    def start_load(self, action: StartLoad, post: Callable[[LoadDone], None]) -> None:
+        """Pin what host memory holds and read the rest in one read step; ``post(LoadDone)`` runs as an event on the
+        loop when the load is over (never from inside this call)."""
+        items, metas, compute_s = action.items, action.metas, action.compute_s
         n_t = len(self.tiers)
-        ld = _Load(load_id, items, on_done, self.loop.now)
+        ld = _Load(action.load_id, items, post, self.loop.now)
         host, sets = self._host, self._sets
         for k, (_, chunks) in enumerate(items):
             if k < len(metas) and metas[k][0] is not None:
@@ -327,7 +344,7 @@ class SimStorage:
                     self._meta[c] = m
             for j, c in enumerate(chunks):
                 if c in host:
-                    self._pin(c)
+                    self._stage(c)
                     ld.pinned[k].append(c)
                     self.host_hits += 1
                     continue
@@ -391,7 +408,7 @@ class SimStorage:
                 r = step.reads[a.read]
                 c = ld.disk[a.chunk]
                 for k in ld.need[c]:
-                    self._pin(c)
+                    self._stage(c)
                     ld.pinned[k].append(c)
                 tier = self.tiers[r.tier]
                 if tier.policy is not None and c in tier.chunks:
@@ -465,16 +482,16 @@ class SimStorage:
             # Chunks recomputed behind one a tier delivered: the core counts a leading run per item, so these
             # are pinned as if loaded (their host->GPU move is charged: pessimistic, by a few ms a chunk).
             for k, (_, chunks) in enumerate(ld.items):
-                for c in chunks[counts[k]: ld.avail[k]]:
+                for c in staged_span(chunks, ld.avail[k], counts[k]):
                     if c in done:
-                        self._pin(c)
+                        self._stage(c)
                         ld.pinned[k].append(c)
-        # Each item keeps its pins on its available prefix only.
+        # Each item keeps its pins on its staged span only (the rule the core releases by).
         for k, (_, chunks) in enumerate(ld.items):
-            keep = set(chunks[: ld.avail[k]])
+            keep = set(staged_span(chunks, ld.avail[k], counts[k]))
             for c in ld.pinned[k]:
                 if c not in keep:
-                    self._unpin(c)
+                    self._unstage(c)
         self.loads_done += 1
         if ld.step is not None:
             now = self.loop.now
@@ -697,6 +714,20 @@ class SimStorage:
                 if tiers is not None and self.tiers[t].name not in tiers:
                     continue
                 self.tiers[t].publish(c, self.chunk_bytes, now=0.0)  # before the run: time 0; no eviction
+
+    # -- the serving backend's window and samples --------------------------------------------------------------
+    @property
+    def wants_window(self) -> bool:
+        """The host-memory policy is queue-aware (the store's rule: ``HostMemoryTier.queue_aware``)."""
+        return hasattr(self.policy, "set_window")
+
+    def set_window(self, sessions: Sequence[Hashable]) -> None:
+        set_window = getattr(self.policy, "set_window", None)
+        if set_window is not None:
+            set_window(sessions)
+
+    def sample(self) -> dict[str, int]:
+        return self.tier_bytes()
 
     # -- reports --------------------------------------------------------------------------------------------
     def busy(self) -> bool:
