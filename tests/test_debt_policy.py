@@ -11,6 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import kvstream
+from kvstream.config import write_backlog_limit
 from kvstream.debt_policy import BacklogValve, ValveDecision
 from kvstream.eviction import make_eviction_policy
 from kvstream.replication import parse_replication
@@ -54,7 +55,7 @@ def test_a_flush_never_skips_a_chunks_only_copy_and_keeps_each_backlog_below_lim
 
 
 def test_the_stores_limits_default_to_half_of_host_memory_and_bad_limits_are_refused() -> None:
-    v = BacklogValve.for_store([None, 1234, 0], 1 << 30)
+    v = BacklogValve([write_backlog_limit(b, 1 << 30) for b in (None, 1234, 0)])
     assert v.limits == [1 << 29, 1234, 0] and v.active
     assert not BacklogValve([None, None]).active
     with pytest.raises(ValueError, match="tier 1"):

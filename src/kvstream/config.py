@@ -32,7 +32,7 @@ from typing import Any
 
 from kvstream.errors import ConfigError
 
-__all__ = ["TierConfig", "StoreConfig", "FIELD_DOCS", "parse_size", "parse_tier_specs", "reference_markdown",
+__all__ = ["TierConfig", "StoreConfig", "FIELD_DOCS", "write_backlog_limit", "parse_size", "parse_tier_specs", "reference_markdown",
            "size_arg"]
 
 # As in fio and dd, a bare letter is binary (4M = 4 MiB); "MB"/"GB" are decimal; "MiB"/"GiB" binary.
@@ -276,7 +276,14 @@ class StoreConfig:
     def write_backlog_limit(self, tier: TierConfig) -> int:
         """The write backlog valve's limit of ``tier`` in bytes: its ``write_backlog_bytes``, or half of host memory
         when that is not set (replay's staging budget and the simulator's model of a store take it from here)."""
-        return tier.write_backlog_bytes if tier.write_backlog_bytes is not None else self.memory_bytes // 2
+        return write_backlog_limit(tier.write_backlog_bytes, self.memory_bytes)
+
+
+def write_backlog_limit(write_backlog_bytes: int | None, memory_bytes: int) -> int:
+    """The one rule for a tier's write backlog valve limit (bytes): its ``write_backlog_bytes`` if set, else half
+    of host memory (``memory_bytes``). The store's writer, replay's staging budget and the simulator's model of a
+    store all take it from here."""
+    return write_backlog_bytes if write_backlog_bytes is not None else memory_bytes // 2
 
 
 # One line per field: what docs/config.md says it means (``reference_markdown``). A test fails when a field of

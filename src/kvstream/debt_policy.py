@@ -41,7 +41,7 @@ class BacklogValve:
     no valve (the simulator's old unbounded queues). The catch-up pays a tier's debts only while its backlog is
     below half the limit (:meth:`CatchUpPolicy.tier_ready`), so the valve does not flap open and shut.
 
-    ``limits``: bytes per tier, in tier order (:meth:`for_store` gives the store's defaults). Stateless beyond
+    ``limits``: bytes per tier, in tier order (the store's defaults: :func:`kvstream.config.write_backlog_limit`). Stateless beyond
     them: the drivers count what it skipped (``write_skipped_backlog``)."""
 
     def __init__(self, limits: Sequence[int | None]) -> None:
@@ -49,11 +49,6 @@ class BacklogValve:
             if lim is not None and lim < 0:
                 raise ValueError(f"backlog limit of tier {t} must be >= 0 bytes or None, got {lim}")
         self.limits: list[int | None] = list(limits)
-
-    @classmethod
-    def for_store(cls, configured: Sequence[int | None], memory_bytes: int) -> "BacklogValve":
-        """The store's limits: each tier's ``write_backlog_bytes``, or half of host memory where it is not set."""
-        return cls([lim if lim is not None else memory_bytes // 2 for lim in configured])
 
     @property
     def active(self) -> bool:

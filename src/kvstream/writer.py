@@ -34,6 +34,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
+from kvstream.config import write_backlog_limit
 from kvstream.debt_policy import BacklogValve, ValveDecision
 from kvstream.errors import NO_SPACE, SHORTAGE, WRITE_RETRY, StoreClosedError
 from kvstream.health import CircuitBreaker
@@ -114,7 +115,7 @@ class Writer:
         self.unstored_limit = memory_bytes // 2
         # The write backlog valve (kvstream.debt_policy, the simulator's too): each tier's write_backlog_bytes,
         # or half of host memory.
-        self.valve = BacklogValve.for_store([t.cfg.write_backlog_bytes for t in tiers], memory_bytes)
+        self.valve = BacklogValve([write_backlog_limit(t.cfg.write_backlog_bytes, memory_bytes) for t in tiers])
         self._writes_cv = threading.Condition(threading.Lock())
         self._publisher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kvs-publish")
         # One writer thread per tier starts its writes (room, temporary file): flush() never waits for a slow or
