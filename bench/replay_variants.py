@@ -1,8 +1,9 @@
 """`kvstream replay` with diagnostic variants of the `kvstream` system: which part of the second tier costs what.
 
-Why it exists: on this project's VM the full system (two tiers + Bidaw) trails `bidaw-only` (one tier + Bidaw)
-on mean TTFT although the simulator, given the same tiers, says it should lead (BENCHMARKS §3.0). These
-variants take the second tier apart, one change each, and run beside the ordinary systems in the same replay:
+Why it exists: on this project's VM the full system (two tiers + Bidaw) is level with `bidaw-only` (one tier +
+Bidaw) on mean TTFT (BENCHMARKS §3.0: ratio 1.058, 95 % interval 0.924-1.227, five rounds), although the
+simulator, given the same tiers, says it should lead. These variants take the second tier apart, one change
+each, and run beside the ordinary systems in the same replay:
 
 - ``kv-writes-only``: both tiers written (full replication), only the local tier read: the second copy's cost
   without its read gain;

@@ -9,7 +9,7 @@ step's; this module only carries out its actions and feeds it events:
 - ``Submit``: a buffer is taken (or the caller's target, for a read in place) and the read goes to the tier's
   read ring; the ring's completion feeds ``landed`` on the ring thread, which may claim and submit that tier's
   next reads at once, so the device never waits for the caller's thread (measured under a write stream on the
-  same disk: a refill that waits for the consumer costs the read ~25 % of its device share, BENCHMARKS §8.0).
+  same disk: a refill that waits for the consumer costs the read ~25 % of its device share, docs/bench/read.md).
 - The caller's thread verifies each landed read (header, key, length, checksum), feeds ``checked`` and hands
   out what the step delivers; it ``tick``s the step when a hedge deadline passes.
 - ``Release``: the read's descriptor and buffer are freed (and, for a read into a target reported busy, the
