@@ -3,6 +3,8 @@ ahead / level / behind only when the whole interval says so."""
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -86,3 +88,52 @@ def test_the_interval_holds_the_measured_ratio_of_any_data(rounds, n, seed, stat
 def test_bad_input_is_refused_with_the_rule(a, b, msg):
     with pytest.raises(ValueError, match=msg):
         ratio_interval(a, b)
+
+
+# -- how the noise compares with what the tiers give directly -----------------------------------------------------------
+def test_the_direct_read_effect_is_the_saved_load_time_over_the_summed_ttft():
+    from kvstream.benchmarks.verdict import read_effect_bound
+
+    # 8 s of loads at 2.8 GB/s; at 3.7 GB/s they take 8 * 2.8 / 3.7 s: 1.95 s saved of 48 x 0.8 s of TTFT.
+    e = read_effect_bound(load_busy_s=8.0, ttft_sum_s=48 * 0.8, bound_slow_gbps=2.8, bound_fast_gbps=3.7)
+    assert e == pytest.approx(8.0 * (1 - 2.8 / 3.7) / 38.4)
+    # no faster bound, or nothing loaded: nothing to gain
+    assert read_effect_bound(load_busy_s=8.0, ttft_sum_s=38.4, bound_slow_gbps=3.7, bound_fast_gbps=3.7) == 0.0
+    assert read_effect_bound(load_busy_s=0.0, ttft_sum_s=38.4, bound_slow_gbps=2.8, bound_fast_gbps=3.7) == 0.0
+
+
+def test_an_effect_below_the_noise_is_not_resolvable_and_more_rounds_are_named():
+    from kvstream.benchmarks.verdict import RatioInterval, resolution
+
+    iv = RatioInterval(statistic="mean", ratio=1.0, low=0.87, high=1.15, rounds=5, requests=48, verdict="level")
+    r = resolution(iv, 0.05)
+    assert not r.resolvable and r.half_width == pytest.approx(0.1495, abs=2e-3)
+    assert r.rounds_to_resolve == math.ceil(5 * (r.half_width / 0.05) ** 2)  # ~45: noise shrinks as 1/sqrt(rounds)
+    wide_effect = resolution(iv, 0.30)
+    assert wide_effect.resolvable and wide_effect.rounds_to_resolve is not None and wide_effect.rounds_to_resolve < 5
+    assert resolution(iv, 0.0).rounds_to_resolve is None
+    broken = RatioInterval(statistic="mean", ratio=1.0, low=math.nan, high=math.nan, rounds=1, requests=1,
+                           verdict="level")
+    assert not resolution(broken, 0.05).resolvable
+
+
+def test_replay_gives_the_read_effect_only_for_pairs_whose_read_bounds_differ():
+    from kvstream.commands.replay import compare_systems
+
+    rng = np.random.default_rng(7)
+    base = _requests(rng, 20)
+
+    def run(bound, busy, ttfts):
+        return {"summary": {"load_bound_gbps": bound, "load_busy_s": busy, "ttft_mean_s": float(np.mean(ttfts)),
+                            "completed": len(ttfts)}, "ttft_by_request": list(ttfts)}
+
+    two = [run(3.7, 6.0, t) for t in _ttfts(rng, base, 3)]
+    same = [run(3.7, 6.0, t) for t in _ttfts(rng, base, 3)]
+    one = [run(2.8, 8.0, t) for t in _ttfts(rng, base, 3)]
+    rows = {r["against"]: r for r in compare_systems({"kvstream": two, "kvstream-only": same, "bidaw-only": one},
+                                                     ["kvstream", "kvstream-only", "bidaw-only"])}
+    assert "resolution" not in rows["kvstream-only"]  # the same tiers: the pair differs in scheduling only
+    res = rows["bidaw-only"]["resolution"]
+    ttft_sum = [r["summary"]["ttft_mean_s"] * 20 for r in one]
+    expect = sorted(8.0 * (1 - 2.8 / 3.7) / t for t in ttft_sum)[1]
+    assert res["effect"] == pytest.approx(expect)

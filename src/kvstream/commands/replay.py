@@ -609,7 +609,7 @@ def compare_systems(runs: dict[str, list[dict[str, Any]]], names: list[str]) -> 
     ran; for the mean and the P99 TTFT, the ratio (first over second: below 1, the first is faster), its paired
     two-level bootstrap 95 % interval over rounds and requests, and ahead / level / behind
     (:mod:`kvstream.benchmarks.verdict`)."""
-    from kvstream.benchmarks.verdict import ratio_interval
+    from kvstream.benchmarks.verdict import ratio_interval, resolution
 
     pairs = [(REFERENCE, n) for n in names if n != REFERENCE and REFERENCE in runs]
     pairs += [p for p in EXTRA_PAIRS if p[0] in runs and p[1] in runs and p not in pairs]
@@ -622,9 +622,32 @@ def compare_systems(runs: dict[str, list[dict[str, Any]]], names: list[str]) -> 
             continue
         row: dict[str, Any] = {"system": a, "against": b}
         for stat in ("mean", "p99"):
-            row[stat] = ratio_interval(ta, tb, statistic=stat).as_dict()
+            iv = ratio_interval(ta, tb, statistic=stat)
+            row[stat] = iv.as_dict()
+            if stat == "mean":
+                effect = read_effect(runs[a][:k], runs[b][:k])
+                if effect is not None:
+                    row["resolution"] = resolution(iv, effect).as_dict()
         out.append(row)
     return out
+
+
+def read_effect(runs_a: list[dict[str, Any]], runs_b: list[dict[str, Any]]) -> float | None:
+    """The median over rounds of the share of B's TTFT that A's larger read bound removes directly, first order
+    (:func:`kvstream.benchmarks.verdict.read_effect_bound`), or None when A reads no faster than B (the same
+    tiers: the pair differs in scheduling, which this does not bound)."""
+    from kvstream.benchmarks.verdict import read_effect_bound
+
+    shares = []
+    for ra, rb in zip(runs_a, runs_b):
+        sa, sb = ra["summary"], rb["summary"]
+        fast, slow = float(sa.get("load_bound_gbps") or 0.0), float(sb.get("load_bound_gbps") or 0.0)
+        if not fast > slow * 1.05:
+            return None
+        shares.append(read_effect_bound(load_busy_s=float(sb.get("load_busy_s") or 0.0),
+                                        ttft_sum_s=float(sb["ttft_mean_s"]) * float(sb["completed"]),
+                                        bound_slow_gbps=slow, bound_fast_gbps=fast))
+    return float(statistics.median(shares)) if shares else None
 
 
 def check_setup(args: argparse.Namespace, reqs: Sequence[Request], cost: CostModel) -> None:
@@ -1052,6 +1075,14 @@ def _plot(results: list[dict[str, Any]], png: Path, emulated: bool) -> None:
     plt.close(fig)
 
 
+def _resolution_text(r: dict[str, Any] | None) -> str:
+    if not r:
+        return "-"
+    cmp = ">" if r["resolvable"] else "<"
+    tail = "" if r["resolvable"] or r["rounds_to_resolve"] is None else f" (~{r['rounds_to_resolve']} rounds)"
+    return f"{100 * r['effect']:.1f} % {cmp} ±{100 * r['half_width']:.1f} %{tail}"
+
+
 def _verdict_text(v: str) -> str:
     return {"ahead": "[green]ahead[/]", "behind": "[red]behind[/]"}.get(v, "level")
 
@@ -1088,14 +1119,20 @@ def _run(args: argparse.Namespace) -> int:
         vt = Table(title=f"each pair over {len(rep.get('rounds') or [])} round(s): ratio of TTFT (below 1: the first is "
                          "faster), bootstrap 95 % interval, verdict")
         for col in ("system", "against", "mean TTFT ratio", "95 % interval", "mean", "P99 TTFT ratio",
-                    "95 % interval", "P99"):
+                    "95 % interval", "P99", "read effect / noise"):
             vt.add_column(col, justify="right")
         for v in rep["verdicts"]:
             m, p = v["mean"], v["p99"]
             vt.add_row(v["system"], v["against"], f"{m['ratio']:.3f}", f"{m['low']:.3f}-{m['high']:.3f}",
                        _verdict_text(m["verdict"]), f"{p['ratio']:.3f}", f"{p['low']:.3f}-{p['high']:.3f}",
-                       _verdict_text(p["verdict"]))
+                       _verdict_text(p["verdict"]), _resolution_text(v.get("resolution")))
         con.print(vt)
+        if any(v.get("resolution") for v in rep["verdicts"]):
+            con.print("read effect: the share of the second system's mean TTFT that the first's larger read bound "
+                      "removes directly (its load time x (1 - its bound / the first's bound), over its summed TTFT; "
+                      "median of rounds; queueing can multiply it); noise: half the 95 % interval. Where the effect "
+                      "is below the noise, a 'level' verdict is what this many rounds can tell (~N rounds would "
+                      "resolve the direct effect).")
     for rd in rep.get("rounds") or []:
         mach = rd.get("machine") or {}
         others = mach.get("others_share")
