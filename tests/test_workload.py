@@ -102,6 +102,54 @@ def test_mooncake_conversation_trace_reads_whole():
     assert 0.34 < reuse_rate(rs) < 0.40
 
 
+def _sessions_trace(tmp_path: Path, n_sessions: int = 12, turns: int = 3) -> Path:
+    """Sessions whose turns grow (each turn's prompt starts with the previous one's), interleaved, every prompt
+    behind one common block (a system prompt, id 0)."""
+    lines, ts = [], 0
+    for t in range(turns):
+        for s in range(n_sessions):
+            ids = [0] + [1000 * (s + 1) + k for k in range(t + 1)]
+            lines.append(_line(ts, 512 * len(ids), 4, ids))
+            ts += 250
+    return _write(tmp_path, lines)
+
+
+def test_one_instance_share_keeps_each_session_whole_and_splits_the_sessions(tmp_path):
+    from kvstream.workload.mooncake import one_instance_share
+
+    reqs = read_mooncake(_sessions_trace(tmp_path))
+    shares = [one_instance_share(reqs, 3, which=w) for w in range(3)]
+    assert sum(len(s) for s in shares) == len(reqs)
+    firsts = []
+    for share in shares:
+        if not share:
+            continue
+        assert [r.request_id for r in share] == list(range(len(share)))  # renumbered
+        assert share[0].arrival == 0.0 and all(a.arrival <= b.arrival for a, b in zip(share, share[1:]))
+        firsts.append({r.chunk_ids[2] for r in share})  # a session's own first block (chunks 2, 3)
+        # a session's every turn is in this share: each later turn's prompt extends one kept earlier
+        for r in share:
+            if len(r.chunk_ids) > 4:
+                assert any(q.chunk_ids == r.chunk_ids[:-2] for q in share)
+    assert all(not (a & b) for i, a in enumerate(firsts) for b in firsts[i + 1:])  # no session in two shares
+    assert len(firsts) >= 2  # 12 sessions over 3 instances: not all in one
+    assert one_instance_share(reqs, 1) == reqs
+    with pytest.raises(ValueError, match="instances"):
+        one_instance_share(reqs, 2, which=2)
+
+
+@pytest.mark.skipif(not MOONCAKE.exists(), reason=f"trace folder absent: {TRACES}")
+def test_one_instance_share_of_the_conversation_trace_reuses_more_within_its_first_requests():
+    # The whole trace's first 150 requests reuse ~4 % (a conversation's next turn comes thousands of requests
+    # later); one instance's share of 20 keeps each conversation whole, so its first 150 reuse ~40 %.
+    from kvstream.workload.mooncake import one_instance_share
+
+    rs = read_mooncake(MOONCAKE)
+    assert reuse_rate(rs[:150]) < 0.1
+    share = one_instance_share(rs, 20)
+    assert 500 < len(share) < 700 and reuse_rate(share[:150]) > 0.3
+
+
 # -- the generator --------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("cv", [0.0, 1.0, 4.3, 8.0])
 def test_generator_hits_target_cv(cv):

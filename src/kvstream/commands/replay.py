@@ -132,6 +132,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                               epilog=plain(" ".join(why.split())) if why else None)
     p.add_argument("--trace", metavar="PATH", help="a Mooncake-format trace (default: a synthetic agent workload)")
     p.add_argument("--limit", type=positive_int, default=None, help="replay only the first N requests of the trace")
+    p.add_argument("--instances", type=positive_int, default=1, metavar="K",
+                   help="the trace is a cluster's: replay the share one instance of K gets from a session-affine "
+                        "router (each session kept whole: its turns' reuse and timing stay; 1/K of the rate); "
+                        "--limit then counts that share's requests (default: 1, the whole trace)")
     p.add_argument("--preset", type=preset_name, default=DEFAULT_PRESET, metavar="NAME",
                    help=f"synthetic workload preset: {', '.join(preset_names())}; it also sets the model, GPU and "
                         f"memory sizes below unless they are given (default: {DEFAULT_PRESET})")
@@ -182,10 +186,15 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 # -- workload -------------------------------------------------------------------------------------------------
 def _workload(args: argparse.Namespace) -> tuple[list[Request], str]:
     from kvstream.workload import generate, preset, read_mooncake
+    from kvstream.workload.mooncake import one_instance_share
 
     if args.trace:
-        reqs = read_mooncake(args.trace, limit=args.limit)
-        return reqs, f"trace {args.trace} ({len(reqs)} requests)"
+        if args.instances == 1:
+            reqs = read_mooncake(args.trace, limit=args.limit)
+            return reqs, f"trace {args.trace} ({len(reqs)} requests)"
+        share = one_instance_share(read_mooncake(args.trace), args.instances)[:args.limit]
+        return share, (f"trace {args.trace}, one instance's share of {args.instances} (sessions kept whole; "
+                       f"{len(share)} requests)")
     spec = preset(args.preset)
     if args.requests:
         spec = spec.replace(n_requests=args.requests)

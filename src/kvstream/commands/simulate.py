@@ -31,7 +31,7 @@ _SYSTEMS = ("kvstream", "lmcache", "bidaw", "kvstream+bidaw", "kvstream+compute"
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     from kvstream.commands._common import (gpu_name, gpu_names, model_aliases, model_name, nonnegative_int,
-                                           positive_float)
+                                           positive_float, positive_int)
 
     p = subparsers.add_parser("simulate", help="run the discrete-event simulator (paper scenarios or a trace)",
                               description=__doc__.split("\n\n")[0] if __doc__ else None)
@@ -52,6 +52,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("--gpu", type=gpu_name, default="h100", metavar="NAME", help=f"with --trace: {', '.join(gpu_names())}")
     p.add_argument("--testbed", type=int, choices=(1, 2), default=1, help="with --trace: tier profile")
     p.add_argument("--time-scale", type=positive_float, default=1.0, help="with --trace: replay this many times faster")
+    p.add_argument("--instances", type=positive_int, default=1, metavar="K",
+                   help="with --trace: simulate the share one instance of K gets from a session-affine router "
+                        "(sessions kept whole; default: 1, the whole trace)")
     p.add_argument("--host-gb", type=positive_float, default=512.0, help="with --trace: host memory per node, GB")
     p.set_defaults(handler=_run)
 
@@ -90,9 +93,9 @@ def _run(args: argparse.Namespace) -> int:
 def _run_trace(args: argparse.Namespace) -> int:
     from kvstream.sim.driver import Hardware, SystemConfig, simulate
     from kvstream.sim.scenarios import GB, compute_systems, kvstream, lmcache, testbed_tiers
-    from kvstream.workload.mooncake import read_mooncake
+    from kvstream.workload.mooncake import one_instance_share, read_mooncake
 
-    reqs = read_mooncake(args.trace, time_scale=args.time_scale)
+    reqs = one_instance_share(read_mooncake(args.trace, time_scale=args.time_scale), args.instances)
     if not reqs:
         raise NothingMeasuredError(f"the trace {args.trace} has no requests: there is nothing to simulate (give a "
                                    "trace with at least one request)")
