@@ -3,7 +3,7 @@
     kvstream replay                                  # nothing to prepare: long agent sessions, tiers in ./kvstream-out
     kvstream replay --preset agent-small             # the earlier default (a 1.5B model on an H100)
     kvstream replay --tier local=/nvme/kv --tier shared=/lustre/kv
-    kvstream replay --trace conversation_trace.jsonl --limit 300 --speed 20
+    kvstream replay --trace conversation_trace.jsonl --instances 20 --limit 150 --speed 8   # one instance's share
     kvstream replay --crosscheck                     # also simulate the same run with the measured bandwidths
 
 Each system runs the same requests from a cold, empty store: ``kvstream`` (KVStream's two-tier reads + Bidaw's
