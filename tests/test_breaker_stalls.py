@@ -8,18 +8,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 import kvstream
-from conftest import engines
 from kvstream.health import CircuitBreaker
 from kvstream.io import make_engine
 from kvstream.io.faults import Fault, FaultPlan, FaultyEngine
+from kvstream.testing.store import engines, payload_for
 
-
-def payload_for(key: bytes, size: int = 64 * 1024) -> bytes:
-    return np.random.default_rng(int.from_bytes(key[:8], "little")).bytes(size)
+SIZE = 64 * 1024  # bytes of every payload put
 
 
 def test_a_stall_is_a_failure_only_past_the_floor_with_nothing_delivered_since():
@@ -55,7 +52,7 @@ def test_reads_that_come_back_late_but_whole_never_open_a_breaker(disk_tmp: Path
     keys = [bytes([i]) * 16 for i in range(8)]
     with kvstream.open_store(cfg) as s:
         for k in keys:
-            s.put(k, payload_for(k))
+            s.put(k, payload_for(k, SIZE))
         s.flush()
         assert s.drain(10)
     plan = FaultPlan(seed=1)
@@ -66,7 +63,7 @@ def test_reads_that_come_back_late_but_whole_never_open_a_breaker(disk_tmp: Path
         for _ in range(8):
             s.evict_memory()
             got = s.get_many(keys)
-            assert all(g is not None and bytes(g) == payload_for(k) for k, g in zip(keys, got))
+            assert all(g is not None and bytes(g) == payload_for(k, SIZE) for k, g in zip(keys, got))
         st = s.stats()
         assert st.stalled_reads > 0  # the reads were late: stalls were seen ...
         assert [t.circuit_opened for t in st.tiers.values()] == [0, 0]  # ... and none opened a breaker

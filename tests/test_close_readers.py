@@ -11,27 +11,22 @@ import threading
 import time
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 import kvstream
-from conftest import engines
 from kvstream.errors import StoreClosedError
 from kvstream.format import HEADER_BYTES
 from kvstream.io.buffers import AlignedBuffer
+from kvstream.testing.store import engines, payload_for
 
 SIZE = 64 << 10
 N_KEYS = 96
 
 
-def payload_for(key: bytes) -> bytes:
-    return np.random.default_rng(int.from_bytes(key[:8], "little")).bytes(SIZE)
-
-
 def populate(cfg: dict, keys: list[bytes]) -> None:
     with kvstream.open_store(cfg) as s:
         for k in keys:
-            s.put(k, payload_for(k))
+            s.put(k, payload_for(k, SIZE))
         s.flush()
         assert s.drain(30)
 
@@ -58,7 +53,7 @@ def _reader(s: kvstream.Store, keys: list[bytes], seed: int, out: dict, lock: th
                 return
             mine["calls"] += 1
             for k, v in got:
-                if v is not None and bytes(v) != payload_for(k):
+                if v is not None and bytes(v) != payload_for(k, SIZE):
                     mine["wrong"] += 1
             if rng.random() < 0.3:
                 try:

@@ -26,7 +26,7 @@ from kvstream.compute import (
 )
 from kvstream.read_step import ChunkState, Compute, Deliver, Lost, Open, ReadState, ReadStep, Release, Submit
 from kvstream.routing import FixedSplit, MeetInTheMiddle, SingleTier
-from test_compute_source import run_on_ideal_clock  # the same ideal-clock driver of one step
+from kvstream.testing.read_step import run_on_ideal_clock  # the same ideal-clock driver of one step
 
 CHUNK = 8192
 

@@ -30,6 +30,7 @@ from kvstream.read_step import (
     Release, Submit,
 )
 from kvstream.routing import FixedSplit, MeetInTheMiddle, SingleTier
+from kvstream.testing.read_step import run_on_ideal_clock
 
 CHUNK = 8192
 
@@ -207,45 +208,6 @@ TestComputeSource.settings = settings(max_examples=300, stateful_step_count=50, 
 
 
 # -- the meeting, step by step --------------------------------------------------------------------------------
-def run_on_ideal_clock(step: ReadStep, read_s: float) -> tuple[list[int], list[int], float]:
-    """Drive a step on an ideal clock: every tier read takes ``read_s`` alone (no sharing: one read a tier at a
-    time by the window), each Compute its seconds. Returns (computed chunks, read chunks, end time)."""
-    import heapq
-
-    q: list[tuple[float, int, str, int]] = []
-    seq = 0
-    reads: list[int] = []
-
-    def push(t, kind, x):
-        nonlocal seq
-        seq += 1
-        heapq.heappush(q, (t, seq, kind, x))
-
-    def carry(acts, now):
-        for a in acts:
-            if isinstance(a, Open):
-                carry(step.opened(a.read, now, CHUNK), now)
-            elif isinstance(a, Submit):
-                push(now + read_s, "land", a.read)
-            elif isinstance(a, Compute):
-                push(now + a.seconds, "gpu", a.chunk)
-            elif isinstance(a, Deliver):
-                reads.append(a.chunk)
-
-    carry(step.start(0.0), 0.0)
-    now = 0.0
-    while q and not step.done:
-        now, _, kind, x = heapq.heappop(q)
-        if kind == "land":
-            carry(step.landed(x, now), now)
-            if step.reads[x].state is ReadState.LANDED:
-                carry(step.checked(x, now, True), now)
-        else:
-            carry(step.computed(x, now), now)
-    assert step.done
-    return step.computed_chunks, reads, now
-
-
 def test_slow_tier_compute_takes_the_front_and_they_meet():
     """One tier reading a chunk in 10 ms, the GPU recomputing one in 2-4 ms: compute takes the front, the tier
     the back, and the step ends where they meet, sooner than either alone (20 chunks: 200 ms reading, 60 ms

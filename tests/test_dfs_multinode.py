@@ -54,11 +54,11 @@ class Bed:
     """One test's view of the testbed: its folder on the file system, local folders, node processes."""
 
     def __init__(self, cluster: Any, name: str) -> None:
-        from conftest import _disk_tmp_root
+        from kvstream.testing.store import disk_tmp_root
 
         self.cluster = cluster
         self.fs = cluster.name
-        self.work = Path(tempfile.mkdtemp(prefix="kvs-dfs-test-", dir=_disk_tmp_root()))
+        self.work = Path(tempfile.mkdtemp(prefix="kvs-dfs-test-", dir=disk_tmp_root()))
         self.folder = re.sub(r"[^A-Za-z0-9_.-]", "_", name)[:60] + "-" + os.urandom(3).hex()
         self.procs: list[NodeProcess] = []
 

@@ -12,19 +12,18 @@ from __future__ import annotations
 import errno
 import json
 import os
-import random
 import shutil
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 import kvstream
 from kvstream.commands.verify import verify_tier
 from kvstream.errors import ConfigError
+from kvstream.testing.store import check_all, make_keys, put_and_flush, two_tier_config
 from kvstream.tiers.files import DirectoryTier
 
 REPO = Path(__file__).resolve().parents[1]
@@ -39,43 +38,6 @@ def need(reason: str | None) -> None:
         pytest.skip(reason)
 
 
-def payload_for(key: bytes, size: int) -> bytes:
-    return np.random.default_rng(int.from_bytes(key[:8], "little")).bytes(size)
-
-
-def make_keys(n: int, seed: int = 0) -> list[bytes]:
-    rng = random.Random(seed)
-    return [rng.randbytes(16) for _ in range(n)]
-
-
-def config(local: Path, shared: Path, **kw) -> dict:
-    base = {"tiers": [{"name": "local", "path": str(local), "capacity_bytes": "1GiB"},
-                      {"name": "shared", "path": str(shared), "capacity_bytes": "1GiB"}],
-            "memory_bytes": "64MiB", "create_dirs": True, "io_engine": "threads"}
-    base.update(kw)
-    return base
-
-
-def check_all(s, keys: list[bytes], size: int) -> None:
-    """Every key comes back, with exactly the bytes that were put (after host memory is emptied)."""
-    s.evict_memory()
-    out = s.get_many(keys)
-    assert [o is not None for o in out] == [True] * len(keys)
-    assert all(bytes(o) == payload_for(k, size) for k, o in zip(keys, out))
-
-
-def write(s, keys: list[bytes], size: int, every: int = 4) -> float:
-    """Put and flush; returns the slowest put+flush (the serving path must never wait on a failing tier)."""
-    worst = 0.0
-    for i in range(0, len(keys), every):
-        t0 = time.monotonic()
-        for k in keys[i:i + every]:
-            s.put(k, payload_for(k, size))
-        s.flush()
-        worst = max(worst, time.monotonic() - t0)
-    return worst
-
-
 # ── ENOSPC ─────────────────────────────────────────────────────────────────────────────────────────────────
 
 
@@ -84,12 +46,12 @@ def test_a_full_file_system_evicts_retries_and_never_blocks_the_serving_path(dis
     size = 1 << 20
     keys = make_keys(56)
     with kernel.loop_fs("enospc", 40 << 20) as fs:  # ~38 MiB usable; the tier is told it has 1 GiB
-        cfg = config(fs.mountpoint / "tier", disk_tmp / "shared")
+        cfg = two_tier_config(fs.mountpoint / "tier", disk_tmp / "shared")
         # This test is about ENOSPC on the local tier: a busy disk under the shared tier must not make the
         # backlog rule skip second copies (that rule has its own tests; issue 13 defers such copies).
         cfg["tiers"][1]["write_backlog_bytes"] = "1GiB"
         with kvstream.open_store(cfg) as s:
-            worst = write(s, keys, size)
+            worst = put_and_flush(s, keys, size)
             assert s.drain(60)
             st = s.stats().tiers
             local = st["local"]
@@ -138,13 +100,13 @@ def test_a_tier_turned_read_only_skips_copies_keeps_serving_and_recovers(disk_tm
     size = 256 << 10
     keys = make_keys(24)
     with kernel.loop_fs("ro", 64 << 20) as fs:
-        cfg = config(fs.mountpoint / "tier", disk_tmp / "shared")
+        cfg = two_tier_config(fs.mountpoint / "tier", disk_tmp / "shared")
         with kvstream.open_store(cfg) as s:
             s.health[0].cooldown_s = 0.2
-            write(s, keys[:8], size)
+            put_and_flush(s, keys[:8], size)
             assert s.drain(10)
             fs.freeze_readonly(fs.mountpoint / "tier")
-            worst = write(s, keys[8:16], size)
+            worst = put_and_flush(s, keys[8:16], size)
             assert s.drain(10) and worst < 1.0
             st = s.stats().tiers
             assert st["local"].write_errors >= 1 and st["local"].circuit_opened >= 1
@@ -160,7 +122,7 @@ def test_a_tier_turned_read_only_skips_copies_keeps_serving_and_recovers(disk_tm
             fs.thaw(fs.mountpoint / "tier")
             time.sleep(0.25)  # breaker cool-down: the next write probes the tier
             before = s.stats().tiers["local"].write_chunks
-            write(s, keys[16:], size)
+            put_and_flush(s, keys[16:], size)
             assert s.drain(10)
             assert s.stats().tiers["local"].write_chunks > before
         assert not verify_tier(fs.mountpoint / "tier").errors
@@ -175,13 +137,13 @@ def test_an_unmounted_tier_is_a_tier_failure_and_nothing_on_it_is_lost(disk_tmp)
     keys = make_keys(12)
     with kernel.loop_fs("gone", 64 << 20) as fs:
         tier = fs.mountpoint / "tier"
-        cfg = config(tier, disk_tmp / "shared")
+        cfg = two_tier_config(tier, disk_tmp / "shared")
         with kvstream.open_store(cfg) as s:
-            write(s, keys[:8], size)
+            put_and_flush(s, keys[:8], size)
             assert s.drain(10)
             fs.detach()  # umount -l: the folder is an empty mount point from now on
             check_all(s, keys[:8], size)
-            worst = write(s, keys[8:], size)
+            worst = put_and_flush(s, keys[8:], size)
             assert s.drain(10) and worst < 1.0
             local = s.stats().tiers["local"]
             assert local.read_errors >= 1 and local.circuit_opened >= 1
@@ -212,12 +174,12 @@ def test_a_tier_on_an_ext4_with_few_inodes_prunes_its_folders_and_once_full_is_d
     from kvstream.format import file_size
 
     with kernel.loop_fs("inodes", 16 << 20, inodes=64) as fs:
-        cfg = config(fs.mountpoint / "tier", disk_tmp / "shared")
+        cfg = two_tier_config(fs.mountpoint / "tier", disk_tmp / "shared")
         cfg["tiers"][0]["capacity_bytes"] = 8 * file_size(size)
         with kvstream.open_store(cfg) as s:
             peak = 0
             for i in range(0, len(keys), 4):
-                write(s, keys[i:i + 4], size)
+                put_and_flush(s, keys[i:i + 4], size)
                 assert s.drain(20)
                 peak = max(peak, _inodes_used(fs.mountpoint))
             local = s.stats().tiers["local"]
@@ -238,7 +200,7 @@ def test_a_tier_on_an_ext4_with_few_inodes_prunes_its_folders_and_once_full_is_d
             st = s.stats().tiers
             assert "No space left on device" in st["local"].down and s.health[0].state == "down"
             check_all(s, keys, size)  # every chunk from the shared tier
-            write(s, [b"\xee" * 16], size)
+            put_and_flush(s, [b"\xee" * 16], size)
             assert s.drain(10) and s.stats().tiers["shared"].write_chunks == 1
         shutil.rmtree(junk)
 
@@ -251,11 +213,11 @@ def test_a_shared_tier_whose_file_system_is_unmounted_is_never_written_under(dis
     size = 64 << 10
     keys = make_keys(8)
     with kernel.loop_fs("unmounted", 64 << 20) as fs:
-        cfg = config(disk_tmp / "local", fs.mountpoint / "kvstream")
+        cfg = two_tier_config(disk_tmp / "local", fs.mountpoint / "kvstream")
         cfg["tiers"][1]["shared"] = True  # require_mount by default
         cfg["node_state_path"] = str(disk_tmp / "node-id")
         with kvstream.open_store(cfg) as s:
-            write(s, keys, size)
+            put_and_flush(s, keys, size)
             assert s.drain(10) and s.stats().tiers["shared"].write_chunks == 8
         fs.detach()
         assert list(fs.mountpoint.iterdir()) == []
@@ -264,7 +226,7 @@ def test_a_shared_tier_whose_file_system_is_unmounted_is_never_written_under(dis
         with kvstream.open_store({**cfg, "skip_unmounted_tiers": True}) as s:
             assert "root file system" in s.stats().tiers["shared"].down
             check_all(s, keys, size)  # from local
-            write(s, make_keys(4, seed=5), size)
+            put_and_flush(s, make_keys(4, seed=5), size)
             assert s.drain(10)
         assert list(fs.mountpoint.iterdir()) == []  # nothing under the mount point, ever
         fs.mount()
@@ -276,27 +238,21 @@ def test_a_shared_tier_whose_file_system_is_unmounted_is_never_written_under(dis
 # ── a dead file system (XFS shutdown) and a frozen one (fsfreeze) ───────────────────────────────────────────
 
 
-def need_xfs() -> None:
-    need(kernel.missing_loop())
-    for tool in ("mkfs.xfs", "xfs_io"):
-        need(None if shutil.which(tool) else f"{tool} is not installed (apt xfsprogs; scripts/setup.sh installs it)")
-
-
 def test_a_file_system_that_dies_under_a_tier_serves_from_the_other_owes_its_copies_and_closes(disk_tmp):
     """XFS shutdown: every operation on the tier's file system fails with EIO from then on, as when its disk
     dies. Reads come from the other replica, new copies to the dead tier are skipped and owed (not silently
     dropped), puts never wait on it, and close() reports the dead tier instead of raising."""
-    need_xfs()
+    need(kernel.missing_xfs())
     size = 256 << 10
     keys = make_keys(12)
     with kernel.loop_fs("xfsdown", 320 << 20, fstype="xfs") as fs:
-        cfg = config(disk_tmp / "local", fs.mountpoint / "tier")  # the shared tier dies; the journal is local
+        cfg = two_tier_config(disk_tmp / "local", fs.mountpoint / "tier")  # the shared tier dies; the journal is local
         s = kvstream.open_store(cfg)
-        write(s, keys[:8], size)
+        put_and_flush(s, keys[:8], size)
         assert s.drain(10)
         fs.shutdown()
         check_all(s, keys[:8], size)
-        worst = write(s, keys[8:], size)
+        worst = put_and_flush(s, keys[8:], size)
         assert s.drain(10) and worst < 1.0
         st = s.stats().tiers["shared"]
         assert st.write_errors + st.write_skipped_unhealthy == 4 and st.replicas_owed == 4
@@ -318,13 +274,13 @@ def test_a_frozen_file_system_never_holds_a_put_and_close_returns_naming_it(disk
     size = 256 << 10
     keys = make_keys(8)
     with kernel.loop_fs("freeze", 64 << 20) as fs:
-        cfg = config(disk_tmp / "local", fs.mountpoint / "tier")
+        cfg = two_tier_config(disk_tmp / "local", fs.mountpoint / "tier")
         s = kvstream.open_store(cfg)
-        write(s, keys[:4], size)
+        put_and_flush(s, keys[:4], size)
         assert s.drain(10)
         fs.freeze()
         try:
-            worst = write(s, keys[4:], size)
+            worst = put_and_flush(s, keys[4:], size)
             assert worst < 1.0, f"a put+flush took {worst:.2f} s on a frozen tier"
             check_all(s, keys, size)
             t0 = time.monotonic()
@@ -351,9 +307,9 @@ def test_eio_from_the_device_reads_the_other_replica_and_quarantines_nothing(dis
     keys = make_keys(12)
     with kernel.loop_fs("eio", 64 << 20) as fs:
         tier = fs.mountpoint / "tier"
-        with kvstream.open_store(config(tier, disk_tmp / "shared")) as s:
+        with kvstream.open_store(two_tier_config(tier, disk_tmp / "shared")) as s:
             s.health[0].cooldown_s = 0.2
-            write(s, keys, size)
+            put_and_flush(s, keys, size)
             assert s.drain(10)
             cut = min(kernel.first_block(tier / DirectoryTier.relpath(k)) for k in keys) // 4096 * 4096
             fs.shrink(cut)  # every chunk's data is now past the end of the device
@@ -384,8 +340,8 @@ def test_a_throttled_device_is_hedged_and_taken_out_of_routing(disk_tmp):
     size = 256 << 10
     keys = make_keys(16)
     with kernel.loop_fs("stall", 64 << 20) as fs:
-        with kvstream.open_store(config(fs.mountpoint / "tier", disk_tmp / "shared", hedge_after_s=0.03)) as s:
-            write(s, keys, size)
+        with kvstream.open_store(two_tier_config(fs.mountpoint / "tier", disk_tmp / "shared", hedge_after_s=0.03)) as s:
+            put_and_flush(s, keys, size)
             assert s.drain(10)
             bound = len(keys) * (size + 4096) / (1 << 20)  # seconds if every read waited for the 1 MiB/s tier
             with kernel.throttle_reads(fs.maj_min(), 1 << 20):
@@ -418,8 +374,8 @@ def test_dm_eio_under_a_mounted_tier(disk_tmp, target):
     keys = make_keys(12)
     with kernel.loop_fs(f"dm-{target}", 64 << 20, dm=True) as fs:
         tier = fs.mountpoint / "tier"
-        with kvstream.open_store(config(tier, disk_tmp / "shared")) as s:
-            write(s, keys, size)
+        with kvstream.open_store(two_tier_config(tier, disk_tmp / "shared")) as s:
+            put_and_flush(s, keys, size)
             assert s.drain(10)
             fs.dm_table(fs.table("error") if target == "error" else fs.table("flakey", 0, 60))
             try:
@@ -436,8 +392,8 @@ def test_dm_delay_stall_is_hedged(disk_tmp):
     size = 256 << 10
     keys = make_keys(16)
     with kernel.loop_fs("dm-delay", 64 << 20, dm=True) as fs:
-        with kvstream.open_store(config(fs.mountpoint / "tier", disk_tmp / "shared", hedge_after_s=0.03)) as s:
-            write(s, keys, size)
+        with kvstream.open_store(two_tier_config(fs.mountpoint / "tier", disk_tmp / "shared", hedge_after_s=0.03)) as s:
+            put_and_flush(s, keys, size)
             assert s.drain(10)
             fs.dm_table(fs.table("delay", 2000))
             try:

@@ -27,6 +27,9 @@ from kvstream.io.buffers import AlignedBuffer
 from kvstream.io.engine import IOOp, OpKind, make_engine
 from kvstream.io.faults import Fault, FaultPlan, FaultyEngine, parse_faults
 from kvstream.tiers.files import DirectoryTier
+from kvstream.testing.store import make_keys, payload_for
+
+SIZE = 32 * 1024  # bytes of a payload put with no size given
 
 relpath = DirectoryTier.relpath
 
@@ -39,16 +42,6 @@ def config(root: Path, **kw) -> dict:
     }
     base.update(kw)
     return base
-
-
-def payload_for(key: bytes, size: int = 32 * 1024) -> bytes:
-    """Deterministic bytes of a key: any process can tell a right payload from a wrong (or torn) one."""
-    return np.random.default_rng(int.from_bytes(key[:8], "little")).bytes(size)
-
-
-def make_keys(n: int, seed: int = 0) -> list[bytes]:
-    rng = random.Random(seed)
-    return [rng.randbytes(16) for _ in range(n)]
 
 
 def populate(cfg: dict, keys: list[bytes], size: int = 32 * 1024) -> None:
@@ -411,7 +404,7 @@ def test_no_space_on_write_evicts_and_retries_once(disk_tmp, kind):
     s, plan, _ = faulty(cfg, Fault(kind=kind, rings="local-w", limit=4))  # the first try of each write fails
     with s:
         for k in new:
-            s.put(k, payload_for(k))
+            s.put(k, payload_for(k, SIZE))
         s.flush()
         assert s.drain(10)
         st = s.stats().tiers["local"]
@@ -433,7 +426,7 @@ def test_no_space_that_persists_skips_the_copy_records_it_and_never_blocks(disk_
     with s:
         t0 = time.monotonic()
         for k in new:
-            s.put(k, payload_for(k))
+            s.put(k, payload_for(k, SIZE))
         s.flush()
         serving = time.monotonic() - t0
         assert s.drain(10)
@@ -453,7 +446,7 @@ def test_write_eio_skips_the_copy_counts_it_and_cleans_the_temporary(disk_tmp):
     s, plan, _ = faulty(cfg, Fault(kind="eio", rings="local-w"))
     with s:
         for k in keys:
-            s.put(k, payload_for(k))
+            s.put(k, payload_for(k, SIZE))
         s.flush()
         s.drain(10)
         st = s.stats().tiers
@@ -473,7 +466,7 @@ def test_a_stalled_write_tier_never_blocks_puts_flushes_or_reads(disk_tmp):
     s, plan, engine = faulty(cfg, Fault(kind="delay", rings="*-w", delay_s=30.0))
     t0 = time.monotonic()
     for k in keys:
-        s.put(k, payload_for(k))
+        s.put(k, payload_for(k, SIZE))
     s.flush()
     out = s.get_many(keys)  # served from host memory while the writes hang
     assert time.monotonic() - t0 < 1.0 and wrong_bytes(keys, out) == 0 and all(o is not None for o in out)
@@ -647,7 +640,7 @@ def test_an_index_append_that_fails_never_raises_and_keeps_serving(disk_tmp, cap
         idx._own_fd = os.open("/dev/full", os.O_WRONLY)  # every append now fails with ENOSPC
         try:
             for k in keys:
-                s.put(k, payload_for(k))
+                s.put(k, payload_for(k, SIZE))
             s.flush()
             assert s.drain(10)
             assert idx.append_errors == 6 and all(s.tiers[0].contains(k) for k in keys)

@@ -7,15 +7,32 @@ process alive) and every test has a time limit.
 
 from __future__ import annotations
 
-import os
+from kvstream.testing.lmcache import (  # first: it sets LMCache's environment before LMCache is imported
+    CHUNK,
+    HEAD_DIM,
+    HEADS,
+    LAYERS,
+    PLUGIN,
+    FakeScheduler,
+    collect,
+    engine_config,
+    get_chunks,
+    lmcache_metadata,
+    make_chunks,
+    manager,
+    metric_total,
+    plugin_of,
+    prefetch,
+    put_chunks,
+    release_all,
+    tiers_extra,
+    wait_stored,
+)
 
-for _k, _v in {"LMCACHE_TRACK_USAGE": "false", "DO_NOT_TRACK": "1", "HF_HUB_OFFLINE": "1"}.items():
-    os.environ[_k] = _v  # before LMCache is imported: it reports usage over the network by default
-
-import asyncio
 import contextlib
 import json
 import logging
+import os
 import threading
 import time
 from pathlib import Path
@@ -25,12 +42,11 @@ import torch
 import yaml
 from lmcache.utils import CacheEngineKey, LayerCacheEngineKey
 from lmcache.v1.config import LMCacheEngineConfig
-from lmcache.v1.event_manager import EventManager, EventStatus, EventType
+from lmcache.v1.event_manager import EventManager
 from lmcache.v1.memory_management import MemoryFormat
 from lmcache.v1.metadata import LMCacheMetadata
 from lmcache.v1.pin_monitor import PinMonitor
 from lmcache.v1.storage_backend.storage_manager import StorageManager
-from lmcache.v1.token_database import ChunkedTokenDatabase
 from prometheus_client import REGISTRY
 
 from kvstream.errors import ConfigError
@@ -40,113 +56,18 @@ from kvstream.integrations.lmcache import KVStreamBackend, StrictStartError
 
 pytestmark = [pytest.mark.lmcache, pytest.mark.timeout(120)]
 
-LAYERS, HEADS, HEAD_DIM, CHUNK = 4, 2, 64, 256  # 512 KiB per bf16 chunk
-PLUGIN = "kvstream"
-
-
-def _config(extra: dict, *, local_disk: str | None = None, async_loading: bool = False) -> LMCacheEngineConfig:
-    kw = dict(chunk_size=CHUNK, local_cpu=False, max_local_cpu_size=0.06, save_unfull_chunk=True,
-              enable_async_loading=async_loading, storage_plugins=[PLUGIN],
-              extra_config={f"storage_plugin.{PLUGIN}.module_path": "kvstream.integrations.lmcache",
-                            f"storage_plugin.{PLUGIN}.class_name": "KVStreamBackend", **extra})
-    if local_disk is not None:
-        kw.update(local_disk=local_disk, max_local_disk_size=0.1)
-        kw["extra_config"]["use_odirect"] = True
-    return LMCacheEngineConfig.from_defaults(**kw)
-
-
-def _metadata(model: str = "test/model", world_size: int = 1, worker_id: int = 0) -> LMCacheMetadata:
-    return LMCacheMetadata(model_name=model, world_size=world_size, local_world_size=world_size, worker_id=worker_id,
-                           local_worker_id=worker_id, kv_dtype=torch.bfloat16,
-                           kv_shape=(LAYERS, 2, CHUNK, HEADS, HEAD_DIM))
-
-
-def _tiers(root: Path, two: bool = True) -> dict:
-    spec = f"local={root / 'local'}" + (f",shared={root / 'shared'}" if two else "")
-    return {"kvstream.tiers": spec, "kvstream.capacity_bytes": "256MiB", "kvstream.memory_bytes": "16MiB"}
-
-
-@contextlib.contextmanager
-def manager(extra: dict, **kw):
-    cfg = _config(extra, **{k: v for k, v in kw.items() if k in ("local_disk", "async_loading")})
-    PinMonitor.GetOrCreate(cfg)
-    sm = StorageManager(cfg, kw.get("metadata") or _metadata(), EventManager())
-    try:
-        yield sm
-    finally:
-        sm.close()
-
-
-def _chunks(sm: StorageManager, n_tokens: int, seed: int = 0, request_configs: dict | None = None):
-    """(start, end, key) of a token sequence, and a reference tensor per chunk ([2, L, T, H*D], bf16)."""
-    cfg, meta = sm.config, sm.metadata
-    tokens = list(range(seed * 100_000, seed * 100_000 + n_tokens))
-    infos = list(ChunkedTokenDatabase(cfg, meta).process_tokens(tokens=tokens, request_configs=request_configs))
-    g = torch.Generator().manual_seed(seed)
-    refs = [torch.randn((2, LAYERS, e - s, HEADS * HEAD_DIM), generator=g).to(torch.bfloat16) for s, e, _ in infos]
-    return infos, refs
-
-
-def _put(sm: StorageManager, infos, refs) -> None:
-    objs = []
-    for (_, _, _), ref in zip(infos, refs):
-        obj = sm.allocate(ref.shape, ref.dtype, MemoryFormat.KV_2LTD)
-        assert obj is not None
-        obj.tensor.copy_(ref)
-        objs.append(obj)
-    sm.batched_put([k for _, _, k in infos], objs)
-
-
-def _get(sm: StorageManager, keys):
-    """The engine's own retrieve path: block mapping, then one batched_get per location."""
-    mapping = sm.get_block_mapping([(k, 0, 0) for k in keys])
-    out = []
-    for location, blocks in mapping.items():
-        assert location == PLUGIN
-        out += sm.batched_get([k for k, _, _ in blocks], location=location)
-    return out
-
-
-def _plugin(sm: StorageManager) -> KVStreamBackend:
-    backend = sm.storage_backends[PLUGIN]
-    assert isinstance(backend, KVStreamBackend)
-    return backend
-
-
-def _release(objs) -> None:
-    for o in objs:
-        if o is not None:
-            o.ref_count_down()
-
-
-def _wait_stored(sm: StorageManager, keys, timeout: float = 10.0) -> None:
-    plugin = _plugin(sm)
-    deadline = time.monotonic() + timeout
-    while any(plugin.exists_in_put_tasks(k) for k in keys):
-        assert time.monotonic() < deadline, "puts not stored in time"
-        time.sleep(0.01)
-
-
-def _metric(name: str, **labels: str) -> float:
-    total = 0.0
-    for m in REGISTRY.collect():
-        for s in m.samples:
-            if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()):
-                total += s.value
-    return total
-
 
 # -- store, read back, restart --------------------------------------------------------------------------------
 def test_chunks_read_back_bit_exact(disk_tmp):
-    with manager(_tiers(disk_tmp)) as sm:
-        infos, refs = _chunks(sm, 4 * CHUNK + 100)  # four full chunks and a partial one
+    with manager(tiers_extra(disk_tmp)) as sm:
+        infos, refs = make_chunks(sm, 4 * CHUNK + 100)  # four full chunks and a partial one
         keys = [k for _, _, k in infos]
         t0 = time.perf_counter()
-        _put(sm, infos, refs)
+        put_chunks(sm, infos, refs)
         assert time.perf_counter() - t0 < 0.5
-        _wait_stored(sm, keys)
+        wait_stored(sm, keys)
         assert sm.batched_contains(keys)[0] == len(keys)
-        got = _get(sm, keys)
+        got = get_chunks(sm, keys)
         try:
             assert len(got) == len(keys)
             for obj, ref in zip(got, refs):
@@ -156,31 +77,31 @@ def test_chunks_read_back_bit_exact(disk_tmp):
                 assert torch.equal(obj.tensor, ref)
                 assert obj.get_ref_count() == 1
         finally:
-            _release(got)
+            release_all(got)
 
 
 def test_cache_survives_restart_and_lmcache_disk_tier_does_not(disk_tmp):
     disk = str(disk_tmp / "lmcache-disk")
-    with manager(_tiers(disk_tmp), local_disk=disk) as sm:
-        infos, refs = _chunks(sm, 3 * CHUNK)
+    with manager(tiers_extra(disk_tmp), local_disk=disk) as sm:
+        infos, refs = make_chunks(sm, 3 * CHUNK)
         keys = [k for _, _, k in infos]
-        _put(sm, infos, refs)
-        _wait_stored(sm, keys)
+        put_chunks(sm, infos, refs)
+        wait_stored(sm, keys)
         time.sleep(0.2)  # LocalDiskBackend writes on its own pool
-    hits_before = _metric("lmcache:kvstream_num_hit_chunks_total", tier="memory")
-    with manager(_tiers(disk_tmp), local_disk=disk) as sm:
+    hits_before = metric_total("lmcache:kvstream_num_hit_chunks_total", tier="memory")
+    with manager(tiers_extra(disk_tmp), local_disk=disk) as sm:
         assert sm.storage_backends["LocalDiskBackend"].batched_contains(keys) == 0  # its index was in RAM
-        assert _plugin(sm).batched_contains(keys) == len(keys)
+        assert plugin_of(sm).batched_contains(keys) == len(keys)
         hit, mapping = sm.batched_contains(keys)
         assert hit == len(keys) and list(mapping) == [PLUGIN]
         got = sm.batched_get(keys, location=PLUGIN)
         try:
             assert all(o is not None and torch.equal(o.tensor, r) for o, r in zip(got, refs))
         finally:
-            _release(got)
+            release_all(got)
         # read from the tier files, not from any memory
-        assert _metric("lmcache:kvstream_num_hit_chunks_total", tier="memory") == hits_before
-        stats = _plugin(sm).store.stats()
+        assert metric_total("lmcache:kvstream_num_hit_chunks_total", tier="memory") == hits_before
+        stats = plugin_of(sm).store.stats()
         assert stats.disk_hits == len(keys)
 
 
@@ -250,12 +171,12 @@ def test_read_is_one_multi_tier_batch(disk_tmp):
         "memory_bytes: 16MiB\ncreate_dirs: true\nreplication: full\nrouter: mitm\n")
     extra = {"kvstream.config_file": str(conf)}
     with manager(extra) as sm:
-        infos, refs = _chunks(sm, 12 * CHUNK)
+        infos, refs = make_chunks(sm, 12 * CHUNK)
         keys = [k for _, _, k in infos]
-        _put(sm, infos, refs)
-        _wait_stored(sm, keys)
+        put_chunks(sm, infos, refs)
+        wait_stored(sm, keys)
     with manager(extra) as sm:
-        plugin = _plugin(sm)
+        plugin = plugin_of(sm)
         tiers = plugin.store.stats().tiers
         assert tiers["local"].chunks == tiers["shared"].chunks == len(keys), tiers  # full replication
         calls = []
@@ -273,7 +194,7 @@ def test_read_is_one_multi_tier_batch(disk_tmp):
             assert calls == [len(keys)]  # the plugin hands the store the whole batch at once
             assert all(torch.equal(o.tensor, r) for o, r in zip(got, refs))
         finally:
-            _release(got)
+            release_all(got)
         st = plugin.store.stats()
         assert st.read_steps == steps + 1  # ... which the store reads as one step
         assert gate.submitted.get("local", 0) > 0 and gate.submitted.get("shared", 0) > 0, gate.submitted
@@ -285,64 +206,38 @@ def test_read_is_one_multi_tier_batch(disk_tmp):
 
 
 # -- async lookup and prefetch --------------------------------------------------------------------------------
-class _Scheduler:
-    def __init__(self) -> None:
-        self.responses: dict[str, int] = {}
-
-    def send_response_to_scheduler(self, lookup_id: str, n: int) -> None:
-        self.responses[lookup_id] = n
-
-
-def _prefetch(sm: StorageManager, lookup_id: str, infos, timeout: float = 20.0):
-    keys = [k for _, _, k in infos]
-    cum = [0] + [e for _, e, _ in infos]
-    asyncio.run_coroutine_threadsafe(sm.async_lookup_and_prefetch(lookup_id, keys, cum, None, pin=False),
-                                     sm.loop).result(timeout)
-
-
-def _collect(sm: StorageManager, lookup_id: str, timeout: float = 20.0):
-    deadline = time.monotonic() + timeout
-    while sm.async_lookup_server.responses.get(lookup_id) is None:
-        assert time.monotonic() < deadline, "no response to the scheduler"
-        time.sleep(0.005)
-    if sm.event_manager.get_event_status(EventType.LOADING, lookup_id) == EventStatus.NOT_FOUND:
-        return sm.async_lookup_server.responses[lookup_id], []  # nothing was hit, nothing loaded
-    fut = sm.event_manager.get_event_future(EventType.LOADING, lookup_id)
-    return sm.async_lookup_server.responses[lookup_id], [pair for tier in fut.result() for pair in tier]
-
-
 def test_async_lookup_and_prefetch_returns_the_stored_prefix(disk_tmp):
-    with manager(_tiers(disk_tmp), async_loading=True) as sm:
-        infos, refs = _chunks(sm, 5 * CHUNK + 40)
-        _put(sm, infos[:3], refs[:3])  # only the first three chunks are stored
-        _wait_stored(sm, [k for _, _, k in infos[:3]])
-    with manager(_tiers(disk_tmp), async_loading=True) as sm:
-        sm.async_lookup_server = _Scheduler()
-        _prefetch(sm, "req-a", infos)
-        _prefetch(sm, "req-b", infos[:2])
-        n_a, pairs_a = _collect(sm, "req-a")
-        n_b, pairs_b = _collect(sm, "req-b")
+    with manager(tiers_extra(disk_tmp), async_loading=True) as sm:
+        infos, refs = make_chunks(sm, 5 * CHUNK + 40)
+        put_chunks(sm, infos[:3], refs[:3])  # only the first three chunks are stored
+        wait_stored(sm, [k for _, _, k in infos[:3]])
+    with manager(tiers_extra(disk_tmp), async_loading=True) as sm:
+        sm.async_lookup_server = FakeScheduler()
+        prefetch(sm, "req-a", infos)
+        prefetch(sm, "req-b", infos[:2])
+        n_a, pairs_a = collect(sm, "req-a")
+        n_b, pairs_b = collect(sm, "req-b")
         try:
             assert n_a == 3 * CHUNK and n_b == 2 * CHUNK
             assert [k for k, _ in pairs_a] == [k for _, _, k in infos[:3]]
             assert all(torch.equal(o.tensor, refs[i]) for i, (_, o) in enumerate(pairs_a))
             assert all(torch.equal(o.tensor, refs[i]) for i, (_, o) in enumerate(pairs_b))
         finally:
-            _release([o for _, o in pairs_a + pairs_b])
-        _prefetch(sm, "req-miss", _chunks(sm, 2 * CHUNK, seed=7)[0])
-        assert _collect(sm, "req-miss")[0] == 0
+            release_all([o for _, o in pairs_a + pairs_b])
+        prefetch(sm, "req-miss", make_chunks(sm, 2 * CHUNK, seed=7)[0])
+        assert collect(sm, "req-miss")[0] == 0
 
 
 def test_prefetches_of_several_requests_load_in_parallel(disk_tmp):
     """LMCache serialises every backend's batched_get_non_blocking; ours start in batched_async_contains."""
     delay = 0.4
-    with manager(_tiers(disk_tmp), async_loading=True) as sm:
-        sm.async_lookup_server = _Scheduler()
-        seqs = [_chunks(sm, 2 * CHUNK, seed=s) for s in (1, 2, 3)]
+    with manager(tiers_extra(disk_tmp), async_loading=True) as sm:
+        sm.async_lookup_server = FakeScheduler()
+        seqs = [make_chunks(sm, 2 * CHUNK, seed=s) for s in (1, 2, 3)]
         for infos, refs in seqs:
-            _put(sm, infos, refs)
-            _wait_stored(sm, [k for _, _, k in infos])
-        plugin = _plugin(sm)
+            put_chunks(sm, infos, refs)
+            wait_stored(sm, [k for _, _, k in infos])
+        plugin = plugin_of(sm)
         real = plugin.store.read_chunks
 
         def slow_read(keys, **kw):
@@ -352,15 +247,15 @@ def test_prefetches_of_several_requests_load_in_parallel(disk_tmp):
         plugin.store.read_chunks = slow_read
         t0 = time.perf_counter()
         for i, (infos, _) in enumerate(seqs):
-            _prefetch(sm, f"r{i}", infos)
-        results = [_collect(sm, f"r{i}") for i in range(len(seqs))]
+            prefetch(sm, f"r{i}", infos)
+        results = [collect(sm, f"r{i}") for i in range(len(seqs))]
         elapsed = time.perf_counter() - t0
         try:
             for (n, pairs), (infos, refs) in zip(results, seqs):
                 assert n == infos[-1][1]
                 assert all(torch.equal(o.tensor, r) for (_, o), r in zip(pairs, refs))
         finally:
-            _release([o for _, pairs in results for _, o in pairs])
+            release_all([o for _, pairs in results for _, o in pairs])
         assert elapsed < delay * (len(seqs) - 0.5), f"prefetches ran one after another ({elapsed:.2f} s)"
 
 
@@ -383,14 +278,14 @@ def _damage(path: Path, how: str) -> None:
 
 @pytest.mark.parametrize("how", ["missing", "corrupted", "truncated"])
 def test_damaged_chunk_file_is_a_miss(disk_tmp, how):
-    extra = _tiers(disk_tmp, two=False)
+    extra = tiers_extra(disk_tmp, two=False)
     with manager(extra) as sm:
-        infos, refs = _chunks(sm, 4 * CHUNK)
+        infos, refs = make_chunks(sm, 4 * CHUNK)
         keys = [k for _, _, k in infos]
-        _put(sm, infos, refs)
-        _wait_stored(sm, keys)
-        skey = _plugin(sm)._keys(keys[2])
-        path = _plugin(sm).store.tiers[0].path_for(skey)
+        put_chunks(sm, infos, refs)
+        wait_stored(sm, keys)
+        skey = plugin_of(sm)._keys(keys[2])
+        path = plugin_of(sm).store.tiers[0].path_for(skey)
     assert path.exists()
     _damage(path, how)
     with manager(extra) as sm:
@@ -399,43 +294,43 @@ def test_damaged_chunk_file_is_a_miss(disk_tmp, how):
             assert [o is not None for o in got] == [True, True, False, False]
             assert all(torch.equal(o.tensor, r) for o, r in zip(got[:2], refs))
         finally:
-            _release(got)
-        assert _metric("lmcache:kvstream_num_miss_chunks_total", reason="unreadable") >= 1
+            release_all(got)
+        assert metric_total("lmcache:kvstream_num_miss_chunks_total", reason="unreadable") >= 1
 
 
 def test_damaged_replica_is_read_from_the_other_tier(disk_tmp):
-    with manager(_tiers(disk_tmp)) as sm:
-        infos, refs = _chunks(sm, 3 * CHUNK)
+    with manager(tiers_extra(disk_tmp)) as sm:
+        infos, refs = make_chunks(sm, 3 * CHUNK)
         keys = [k for _, _, k in infos]
-        _put(sm, infos, refs)
-        _wait_stored(sm, keys)
-        plugin = _plugin(sm)
+        put_chunks(sm, infos, refs)
+        wait_stored(sm, keys)
+        plugin = plugin_of(sm)
         paths = [plugin.store.tiers[0].path_for(plugin._keys(k)) for k in keys]
     for p in paths:
         _damage(p, "corrupted")
-    with manager(_tiers(disk_tmp)) as sm:
+    with manager(tiers_extra(disk_tmp)) as sm:
         got = sm.batched_get(keys, location=PLUGIN)
         try:
             assert all(o is not None and torch.equal(o.tensor, r) for o, r in zip(got, refs))
         finally:
-            _release(got)
-        assert _plugin(sm).store.stats().tiers["local"].corrupt_chunks >= 1
+            release_all(got)
+        assert plugin_of(sm).store.stats().tiers["local"].corrupt_chunks >= 1
 
 
 @pytest.mark.parametrize("zero_copy", [True, False], ids=["read_into", "copy"])
 def test_both_read_paths_return_exact_chunks_and_miss_a_corrupt_one(disk_tmp, zero_copy):
     """The zero-copy path (Store.get_meta + read_into, O_DIRECT into LMCache's objects) and the copying path
     (read_chunks, then a copy) give the same answer: exact tensors up to the corrupted chunk, misses after it."""
-    extra = _tiers(disk_tmp, two=False)
+    extra = tiers_extra(disk_tmp, two=False)
     with manager(extra) as sm:
-        infos, refs = _chunks(sm, 4 * CHUNK + 10, seed=3)  # a partial last chunk too
+        infos, refs = make_chunks(sm, 4 * CHUNK + 10, seed=3)  # a partial last chunk too
         keys = [k for _, _, k in infos]
-        _put(sm, infos, refs)
-        _wait_stored(sm, keys)
-        path = _plugin(sm).store.tiers[0].path_for(_plugin(sm)._keys(keys[3]))
+        put_chunks(sm, infos, refs)
+        wait_stored(sm, keys)
+        path = plugin_of(sm).store.tiers[0].path_for(plugin_of(sm)._keys(keys[3]))
     _damage(path, "corrupted")
     with manager(extra) as sm:
-        plugin = _plugin(sm)
+        plugin = plugin_of(sm)
         assert plugin._zero_copy
         plugin._zero_copy = zero_copy
         got = sm.batched_get(keys, location=PLUGIN)
@@ -443,21 +338,21 @@ def test_both_read_paths_return_exact_chunks_and_miss_a_corrupt_one(disk_tmp, ze
             assert [o is not None for o in got] == [True, True, True, False, False]
             assert all(torch.equal(o.tensor, r) for o, r in zip(got[:3], refs))
         finally:
-            _release(got)
+            release_all(got)
         st = plugin.store.stats()
         assert st.read_into_direct == (4 if zero_copy else 0)  # 0-2 and 4 (4 is dropped after the gap)
         assert st.tiers["local"].corrupt_chunks == 1
-        got = sm.batched_get(keys[:2] + [_chunks(sm, CHUNK, seed=9)[0][0][2]], location=PLUGIN)
+        got = sm.batched_get(keys[:2] + [make_chunks(sm, CHUNK, seed=9)[0][0][2]], location=PLUGIN)
         try:
             assert [o is not None for o in got] == [True, True, False]
             assert all(torch.equal(o.tensor, r) for o, r in zip(got[:2], refs))
         finally:
-            _release(got)
+            release_all(got)
 
 # -- writes ---------------------------------------------------------------------------------------------------
 def test_put_returns_at_once_holds_references_and_close_waits(disk_tmp):
-    with manager(_tiers(disk_tmp)) as sm:
-        plugin = _plugin(sm)
+    with manager(tiers_extra(disk_tmp)) as sm:
+        plugin = plugin_of(sm)
         real_put = plugin.store.put
 
         def slow_put(*a, **kw):
@@ -465,7 +360,7 @@ def test_put_returns_at_once_holds_references_and_close_waits(disk_tmp):
             return real_put(*a, **kw)
 
         plugin.store.put = slow_put
-        infos, refs = _chunks(sm, 3 * CHUNK, seed=5)
+        infos, refs = make_chunks(sm, 3 * CHUNK, seed=5)
         keys = [k for _, _, k in infos]
         objs = []
         for ref in refs:
@@ -490,12 +385,12 @@ def test_put_returns_at_once_holds_references_and_close_waits(disk_tmp):
             o.ref_count_down()
     # close() waited for the slow puts and the disk writes
     assert all(o.get_ref_count() == 0 for o in objs)
-    with manager(_tiers(disk_tmp)) as sm:
+    with manager(tiers_extra(disk_tmp)) as sm:
         got = sm.batched_get(keys, location=PLUGIN)
         try:
             assert all(o is not None and torch.equal(o.tensor, r) for o, r in zip(got, refs))
         finally:
-            _release(got)
+            release_all(got)
 
 
 def test_a_chunk_pinned_by_an_lmcache_lookup_is_never_evicted_and_puts_that_need_it_are_refused(disk_tmp):
@@ -505,15 +400,15 @@ def test_a_chunk_pinned_by_an_lmcache_lookup_is_never_evicted_and_puts_that_need
     extra = {"kvstream.tiers": f"local={disk_tmp / 'local'}", "kvstream.capacity_bytes": "2MiB",
              "kvstream.memory_bytes": "16MiB"}
     with manager(extra) as sm:
-        plugin = _plugin(sm)
+        plugin = plugin_of(sm)
         store = plugin.store
-        infos, refs = _chunks(sm, 8 * CHUNK, seed=4)
+        infos, refs = make_chunks(sm, 8 * CHUNK, seed=4)
         keys = [k for _, _, k in infos]
         sk = plugin._keys.many(keys)
 
         def stored(i: int, *, written: bool = True) -> None:
-            _put(sm, [infos[i]], [refs[i]])
-            _wait_stored(sm, [keys[i]])
+            put_chunks(sm, [infos[i]], [refs[i]])
+            wait_stored(sm, [keys[i]])
             store.flush()
             assert store.drain(10) is written  # refused on disk: acknowledged, unstored, owed (not drained)
 
@@ -524,18 +419,18 @@ def test_a_chunk_pinned_by_an_lmcache_lookup_is_never_evicted_and_puts_that_need
         on_disk = lambda i: store.tiers[0].contains(sk[i])  # noqa: E731
         assert on_disk(0) and on_disk(1) and not on_disk(2) and on_disk(3)
         assert plugin.pin(keys[3])  # now all three on the tier are pinned
-        refused = _metric("lmcache:kvstream_num_refused_pinned_total", tier="local")
+        refused = metric_total("lmcache:kvstream_num_refused_pinned_total", tier="local")
         stored(4, written=False)
         assert [on_disk(i) for i in range(5)] == [True, True, False, True, False]
         plugin._tick()  # publish the store's counters
-        assert _metric("lmcache:kvstream_num_refused_pinned_total", tier="local") >= refused + 1
+        assert metric_total("lmcache:kvstream_num_refused_pinned_total", tier="local") >= refused + 1
         assert store.stats().unstored_chunks == 1  # kept in host memory until a copy lands
         store.evict_memory()
-        got = _get(sm, keys[:2])
+        got = get_chunks(sm, keys[:2])
         try:
             assert all(o is not None and torch.equal(o.tensor, r) for o, r in zip(got, refs[:2]))
         finally:
-            _release(got)
+            release_all(got)
         sm.batched_unpin(keys[:2])
         assert plugin.unpin(keys[3])
         deadline = time.monotonic() + 20  # unpinned: the catch-up pays chunk 4's owed copy, evicting the LRU
@@ -560,11 +455,11 @@ def test_a_shared_tier_whose_file_system_is_not_mounted_is_down_and_kvstream_ser
              "kvstream.capacity_bytes": "256MiB", "kvstream.memory_bytes": "16MiB", "kvstream.shared_tiers": "shared",
              "kvstream.node_state_path": str(disk_tmp / "node-id")}
     with manager(extra) as sm:
-        plugin = _plugin(sm)
-        infos, refs = _chunks(sm, 2 * CHUNK, seed=9)
+        plugin = plugin_of(sm)
+        infos, refs = make_chunks(sm, 2 * CHUNK, seed=9)
         keys = [k for _, _, k in infos]
-        _put(sm, infos, refs)
-        _wait_stored(sm, keys)
+        put_chunks(sm, infos, refs)
+        wait_stored(sm, keys)
         plugin.store.flush()
         assert plugin.store.drain(10)
         plugin.store.evict_memory()
@@ -572,22 +467,22 @@ def test_a_shared_tier_whose_file_system_is_not_mounted_is_down_and_kvstream_ser
         try:
             assert all(o is not None and torch.equal(o.tensor, r) for o, r in zip(got, refs))
         finally:
-            _release(got)
+            release_all(got)
         plugin._tick()
-        assert _metric("lmcache:kvstream_tier_down", tier="shared") == 1
-        assert _metric("lmcache:kvstream_tier_down", tier="local") == 0
+        assert metric_total("lmcache:kvstream_tier_down", tier="shared") == 1
+        assert metric_total("lmcache:kvstream_tier_down", tier="local") == 0
     assert list(mnt.iterdir()) == []
     assert any("tier shared is DOWN" in r.getMessage() and "root file system" in r.getMessage()
                for r in caplog.records)
 
 
 def test_remove_pin_unpin(disk_tmp):
-    with manager(_tiers(disk_tmp)) as sm:
-        plugin = _plugin(sm)
-        infos, refs = _chunks(sm, 2 * CHUNK)
+    with manager(tiers_extra(disk_tmp)) as sm:
+        plugin = plugin_of(sm)
+        infos, refs = make_chunks(sm, 2 * CHUNK)
         keys = [k for _, _, k in infos]
-        _put(sm, infos, refs)
-        _wait_stored(sm, keys)
+        put_chunks(sm, infos, refs)
+        wait_stored(sm, keys)
         assert plugin.batched_contains(keys, pin=True) == 2
         assert plugin.unpin(keys[0]) and not plugin.unpin(keys[0])
         assert plugin.pin(keys[1]) and plugin.unpin(keys[1]) and plugin.unpin(keys[1])
@@ -599,7 +494,7 @@ def test_remove_pin_unpin(disk_tmp):
         try:
             assert got[0] is not None and got[1] is None
         finally:
-            _release(got)
+            release_all(got)
 
 
 # -- keys -----------------------------------------------------------------------------------------------------
@@ -643,7 +538,7 @@ def test_misconfigured_plugin_fails_naming_the_key(disk_tmp):
     with pytest.raises(ConfigError, match=r"kvstream\.capacity_bytes"):
         parse_extra_config({"kvstream.tiers": f"local={disk_tmp}"})
     with pytest.raises(ConfigError, match=r"kvstream\.router"):
-        parse_extra_config({**_tiers(disk_tmp), "kvstream.router": "zigzag"})
+        parse_extra_config({**tiers_extra(disk_tmp), "kvstream.router": "zigzag"})
     with pytest.raises(ConfigError, match=r"kvstream\.config_file"):
         parse_extra_config({"kvstream.config_file": str(disk_tmp / "nope.yaml")})
     bad_file = disk_tmp / "store.yaml"
@@ -658,7 +553,7 @@ def test_misconfigured_plugin_fails_naming_the_key(disk_tmp):
     lm_logger = logging.getLogger("lmcache.v1.storage_backend")
     lm_logger.addHandler(handler)
     try:
-        with manager({**_tiers(disk_tmp), "kvstream.replication": "twice"}) as sm:
+        with manager({**tiers_extra(disk_tmp), "kvstream.replication": "twice"}) as sm:
             assert PLUGIN not in sm.storage_backends
     finally:
         lm_logger.removeHandler(handler)
@@ -674,21 +569,21 @@ def test_strict_stops_lmcache_start_and_default_serves_without_kvstream(disk_tmp
     """kvstream.strict: a store that cannot open (a bad key, a tier folder that cannot exist) stops LMCache's start
     instead of leaving it to serve without kvstream; without it LMCache starts without the plugin, as before."""
     if fault == "bad_key":
-        extra = {**_tiers(disk_tmp), "kvstream.replication": "twice"}
+        extra = {**tiers_extra(disk_tmp), "kvstream.replication": "twice"}
         key = "kvstream.replication"
     else:  # the tier's folder would be under a regular file: a file system that cannot hold it
         (disk_tmp / "not-a-dir").write_text("x")
-        extra = {**_tiers(disk_tmp), "kvstream.tiers": f"local={disk_tmp / 'not-a-dir' / 'kv'}"}
+        extra = {**tiers_extra(disk_tmp), "kvstream.tiers": f"local={disk_tmp / 'not-a-dir' / 'kv'}"}
         key = "kvstream.tiers"
     for off in ({}, {"kvstream.strict": False}, {"kvstream.strict": "false"}):
         with manager({**extra, **off}) as sm:  # the default: LMCache serves, without kvstream
             assert PLUGIN not in sm.storage_backends
             assert "LocalCPUBackend" in sm.storage_backends
     before = set(_loop_threads())
-    cfg = _config({**extra, "kvstream.strict": "true"})
+    cfg = engine_config({**extra, "kvstream.strict": "true"})
     PinMonitor.GetOrCreate(cfg)
     with pytest.raises(StrictStartError, match=key) as info:
-        StorageManager(cfg, _metadata(), EventManager())
+        StorageManager(cfg, lmcache_metadata(), EventManager())
     assert isinstance(info.value.__cause__, ConfigError) and key in str(info.value.__cause__)
     assert not isinstance(info.value, Exception)  # LMCache's `except Exception` must not swallow it
     # the half-built manager's event loop is stopped: its (non-daemon) thread would keep the process alive
@@ -699,25 +594,25 @@ def test_strict_stops_lmcache_start_and_default_serves_without_kvstream(disk_tmp
 
 
 def test_strict_with_a_good_config_serves_and_an_unreadable_value_is_strict(disk_tmp):
-    with manager({**_tiers(disk_tmp), "kvstream.strict": True}) as sm:
-        plugin = _plugin(sm)
+    with manager({**tiers_extra(disk_tmp), "kvstream.strict": True}) as sm:
+        plugin = plugin_of(sm)
         assert plugin.options.strict is True
-        infos, refs = _chunks(sm, 2 * CHUNK, seed=5)
+        infos, refs = make_chunks(sm, 2 * CHUNK, seed=5)
         keys = [k for _, _, k in infos]
-        _put(sm, infos, refs)
-        _wait_stored(sm, keys)
+        put_chunks(sm, infos, refs)
+        wait_stored(sm, keys)
         got = sm.batched_get(keys, location=PLUGIN)
         try:
             assert all(o is not None and torch.equal(o.tensor, r) for o, r in zip(got, refs))
         finally:
-            _release(got)
-    with manager(_tiers(disk_tmp)) as sm:
-        assert _plugin(sm).options.strict is False
+            release_all(got)
+    with manager(tiers_extra(disk_tmp)) as sm:
+        assert plugin_of(sm).options.strict is False
     # a value we cannot read was still written by someone who cared: refuse to start rather than guess "off"
-    cfg = _config({**_tiers(disk_tmp), "kvstream.strict": "maybe"})
+    cfg = engine_config({**tiers_extra(disk_tmp), "kvstream.strict": "maybe"})
     PinMonitor.GetOrCreate(cfg)
     with pytest.raises(StrictStartError, match=r"kvstream\.strict"):
-        StorageManager(cfg, _metadata(), EventManager())
+        StorageManager(cfg, lmcache_metadata(), EventManager())
 
 
 @contextlib.contextmanager
@@ -754,7 +649,7 @@ def test_scheduler_role_names_the_role_and_the_setting_to_change(disk_tmp):
         return cfg
 
     with _log_lines() as lines:
-        sm = StorageManager(config(_tiers(disk_tmp)), meta, EventManager())
+        sm = StorageManager(config(tiers_extra(disk_tmp)), meta, EventManager())
         try:
             assert PLUGIN not in sm.storage_backends
         finally:
@@ -767,7 +662,7 @@ def test_scheduler_role_names_the_role_and_the_setting_to_change(disk_tmp):
     assert not any("max_local_cpu_size > 0" in ln for ln in lines), lines
     assert not (disk_tmp / "local").exists()  # nothing opened in the scheduler
     with pytest.raises(StrictStartError, match=r"enable_scheduler_bypass_lookup.*role 'scheduler'"):
-        StorageManager(config({**_tiers(disk_tmp), "kvstream.strict": True}), meta, EventManager())
+        StorageManager(config({**tiers_extra(disk_tmp), "kvstream.strict": True}), meta, EventManager())
 
 
 def test_a_worker_without_lmcaches_cpu_backend_is_told_to_give_it_memory() -> None:
@@ -786,8 +681,8 @@ def test_the_pending_write_budget_defaults_to_a_quarter_of_lmcaches_cpu_pool(dis
     """kvstream.max_pending_write_bytes' documented default (PLUGIN_KEYS) is what the plugin gets under LMCache."""
     from kvstream.integrations._lmcache_config import pending_write_default
 
-    with manager(_tiers(disk_tmp)) as sm:
-        assert _plugin(sm).options.max_pending_write_bytes == pending_write_default(sm.config.max_local_cpu_size)
+    with manager(tiers_extra(disk_tmp)) as sm:
+        assert plugin_of(sm).options.max_pending_write_bytes == pending_write_default(sm.config.max_local_cpu_size)
         assert pending_write_default(sm.config.max_local_cpu_size) == 64 << 20  # 0.06 GB: the floor
 
 
@@ -849,7 +744,7 @@ def test_plugin_warnings_are_in_lmcache_log_format(disk_tmp):
 
 def test_env_var_form_and_lmcache_yaml_load_the_plugin(disk_tmp, monkeypatch):
     extra = {f"storage_plugin.{PLUGIN}.module_path": "kvstream.integrations.lmcache",
-             f"storage_plugin.{PLUGIN}.class_name": "KVStreamBackend", **_tiers(disk_tmp)}
+             f"storage_plugin.{PLUGIN}.class_name": "KVStreamBackend", **tiers_extra(disk_tmp)}
     for k, v in {"LMCACHE_CHUNK_SIZE": "256", "LMCACHE_LOCAL_CPU": "false", "LMCACHE_MAX_LOCAL_CPU_SIZE": "0.06",
                  "LMCACHE_STORAGE_PLUGINS": PLUGIN, "LMCACHE_EXTRA_CONFIG": json.dumps(extra)}.items():
         monkeypatch.setenv(k, v)
@@ -858,7 +753,7 @@ def test_env_var_form_and_lmcache_yaml_load_the_plugin(disk_tmp, monkeypatch):
                                          "storage_plugins": [PLUGIN], "extra_config": extra}))
     for cfg in (LMCacheEngineConfig.from_env(), LMCacheEngineConfig.from_file(str(yaml_file))):
         PinMonitor.GetOrCreate(cfg)
-        sm = StorageManager(cfg, _metadata(), EventManager())
+        sm = StorageManager(cfg, lmcache_metadata(), EventManager())
         try:
             assert isinstance(sm.storage_backends.get(PLUGIN), KVStreamBackend)
         finally:
@@ -881,27 +776,27 @@ def test_config_forms(disk_tmp):
 
 # -- metrics --------------------------------------------------------------------------------------------------
 def test_per_tier_metrics_in_lmcache_style(disk_tmp):
-    with manager(_tiers(disk_tmp)) as sm:
-        infos, refs = _chunks(sm, 6 * CHUNK, seed=11)
+    with manager(tiers_extra(disk_tmp)) as sm:
+        infos, refs = make_chunks(sm, 6 * CHUNK, seed=11)
         keys = [k for _, _, k in infos]
-        _put(sm, infos, refs)
-        _wait_stored(sm, keys)
+        put_chunks(sm, infos, refs)
+        wait_stored(sm, keys)
     labels = {"model_name": "test/model", "worker_id": "0"}
-    before = {t: _metric("lmcache:kvstream_num_hit_chunks_total", tier=t, **labels) for t in ("local", "shared")}
-    with manager(_tiers(disk_tmp)) as sm:
+    before = {t: metric_total("lmcache:kvstream_num_hit_chunks_total", tier=t, **labels) for t in ("local", "shared")}
+    with manager(tiers_extra(disk_tmp)) as sm:
         got = sm.batched_get(keys, location=PLUGIN)
-        _release(got)
-    hits = {t: _metric("lmcache:kvstream_num_hit_chunks_total", tier=t, **labels) - before[t]
+        release_all(got)
+    hits = {t: metric_total("lmcache:kvstream_num_hit_chunks_total", tier=t, **labels) - before[t]
             for t in ("local", "shared")}
     assert sum(hits.values()) == len(keys)
-    assert _metric("lmcache:kvstream_num_read_bytes_total", tier="local") > 0
-    assert _metric("lmcache:kvstream_time_to_chunk_count", tier="local") > 0
-    assert _metric("lmcache:kvstream_num_written_bytes_total", tier="shared") > 0
-    assert _metric("lmcache:kvstream_time_to_get_count", path="sync") > 0
+    assert metric_total("lmcache:kvstream_num_read_bytes_total", tier="local") > 0
+    assert metric_total("lmcache:kvstream_time_to_chunk_count", tier="local") > 0
+    assert metric_total("lmcache:kvstream_num_written_bytes_total", tier="shared") > 0
+    assert metric_total("lmcache:kvstream_time_to_get_count", path="sync") > 0
     # per-tier write latency: one observation per published copy (6 chunks, full replication)
     for t in ("local", "shared"):
-        assert _metric("lmcache:kvstream_time_to_write_count", tier=t, **labels) >= 6
-        assert 0 < _metric("lmcache:kvstream_time_to_write_sum", tier=t, **labels) < 60
+        assert metric_total("lmcache:kvstream_time_to_write_count", tier=t, **labels) >= 6
+        assert 0 < metric_total("lmcache:kvstream_time_to_write_sum", tier=t, **labels) < 60
 
 
 def _scrape(model: str) -> dict[str, list[tuple[dict[str, str], float]]]:
@@ -930,24 +825,24 @@ def test_scraped_metrics_show_capacity_usage_evictions_hits_misses_and_latencies
     read and put latency histograms, each equal to what the store itself counted."""
     model = "test/metrics-scrape"  # series of their own: counters of other tests in this process do not mix in
     prefix = "lmcache:kvstream_"
-    extra = {**_tiers(disk_tmp), "kvstream.capacity_bytes": "local=2MiB,shared=256MiB"}  # local holds 3 chunks
-    with manager(extra, metadata=_metadata(model)) as sm:
-        plugin = _plugin(sm)
+    extra = {**tiers_extra(disk_tmp), "kvstream.capacity_bytes": "local=2MiB,shared=256MiB"}  # local holds 3 chunks
+    with manager(extra, metadata=lmcache_metadata(model)) as sm:
+        plugin = plugin_of(sm)
         # published when the plugin starts (the first periodic update is a second away)
         assert _value(_scrape(model), prefix + "capacity_bytes", tier="local") == 2 << 20
-        infos, refs = _chunks(sm, 6 * CHUNK, seed=21)
+        infos, refs = make_chunks(sm, 6 * CHUNK, seed=21)
         keys = [k for _, _, k in infos]
         for half in (slice(0, 3), slice(3, 6)):  # the second half's writes evict the first half's from local
-            _put(sm, infos[half], refs[half])
-            _wait_stored(sm, keys[half])
+            put_chunks(sm, infos[half], refs[half])
+            wait_stored(sm, keys[half])
             plugin.store.flush()
             assert plugin.store.drain(10.0)
         got = sm.batched_get(keys, location=PLUGIN)
         try:
             assert all(o is not None and torch.equal(o.tensor, r) for o, r in zip(got, refs))
         finally:
-            _release(got)
-        unknown = [k for _, _, k in _chunks(sm, 2 * CHUNK, seed=22)[0]]
+            release_all(got)
+        unknown = [k for _, _, k in make_chunks(sm, 2 * CHUNK, seed=22)[0]]
         assert sm.batched_get(unknown, location=PLUGIN) == [None, None]
         # The gauges are published once a second on the plugin's writer thread, while it serves.
         st = plugin.store.stats()

@@ -8,17 +8,17 @@ feeding the store's read-window policy an observation, as a read step does.
 
 from __future__ import annotations
 
-from test_lmcache_plugin import (  # first: it sets LMCache's environment before LMCache is imported
+from kvstream.testing.lmcache import (  # first: it sets LMCache's environment before LMCache is imported
     CHUNK,
-    _chunks,
-    _collect,
-    _metric,
-    _plugin,
-    _prefetch,
-    _release,
-    _Scheduler,
-    _tiers,
+    FakeScheduler,
+    collect,
+    make_chunks,
     manager,
+    metric_total,
+    plugin_of,
+    prefetch,
+    release_all,
+    tiers_extra,
 )
 
 import pytest
@@ -37,9 +37,9 @@ DECLINED = "lmcache:kvstream_num_declined_chunks_total"
 
 def _layout(sm, n_chunks: int = N):
     """Store an ``n_chunks`` prompt in the layout above, through the plugin's store; returns (infos, refs)."""
-    plugin = _plugin(sm)
+    plugin = plugin_of(sm)
     store = plugin.store
-    infos, refs = _chunks(sm, n_chunks * CHUNK)
+    infos, refs = make_chunks(sm, n_chunks * CHUNK)
     skeys = plugin._keys.many([k for _, _, k in infos])
 
     def put(i: int, tier: str) -> None:
@@ -65,11 +65,11 @@ def _layout(sm, n_chunks: int = N):
 
 def _bandwidth(sm, *, local: float, shared: float) -> None:
     """Set each tier's read-bandwidth estimate (bytes/s) as a read step would: one observation each."""
-    windows = _plugin(sm).store.read_windows
+    windows = plugin_of(sm).store.read_windows
     for tier, bw in ((0, local), (1, shared)):
         windows.forget(tier)
         windows.observe(tier, int(bw), 1.0)
-    assert _plugin(sm).store.read_bandwidth(1) == pytest.approx(shared)
+    assert plugin_of(sm).store.read_bandwidth(1) == pytest.approx(shared)
 
 
 FAST, SLOW = 100e9, 1e6  # a 516 KiB chunk: 5 us against ~0.5 ms of recompute; 0.5 s
@@ -115,31 +115,31 @@ def test_plugin_start_fails_on_a_bad_recompute_key_and_strict_stops_lmcache(disk
     from kvstream.integrations.lmcache import StrictStartError
 
     with pytest.raises(StrictStartError, match="kvstream.recompute_gpu"):
-        with manager({**_tiers(disk_tmp), **RECOMPUTE, "kvstream.recompute_gpu": "tpu", "kvstream.strict": True}):
+        with manager({**tiers_extra(disk_tmp), **RECOMPUTE, "kvstream.recompute_gpu": "tpu", "kvstream.strict": True}):
             pass
 
 
 # -- lookups through the plugin -------------------------------------------------------------------------------
 def test_without_the_keys_every_held_chunk_is_a_hit_however_slow_the_tier(disk_tmp):
-    with manager(_tiers(disk_tmp)) as sm:
+    with manager(tiers_extra(disk_tmp)) as sm:
         infos, _ = _layout(sm)
         keys = [k for _, _, k in infos]
         _bandwidth(sm, local=FAST, shared=SLOW)
-        declined = _metric(DECLINED)
-        assert _plugin(sm).batched_contains(keys) == N
+        declined = metric_total(DECLINED)
+        assert plugin_of(sm).batched_contains(keys) == N
         assert sm.batched_contains(keys)[0] == N
-        assert _metric(DECLINED) == declined
+        assert metric_total(DECLINED) == declined
 
 
 def test_slow_only_tail_is_left_to_the_gpu_and_the_fast_front_stays_a_hit(disk_tmp):
-    with manager({**_tiers(disk_tmp), **RECOMPUTE}) as sm:
-        plugin = _plugin(sm)
+    with manager({**tiers_extra(disk_tmp), **RECOMPUTE}) as sm:
+        plugin = plugin_of(sm)
         infos, refs = _layout(sm)
         keys = [k for _, _, k in infos]
         _bandwidth(sm, local=FAST, shared=SLOW)
-        declined = _metric(DECLINED)
+        declined = metric_total(DECLINED)
         assert plugin.batched_contains(keys) == MEMORY + LOCAL
-        assert _metric(DECLINED) == declined + N - MEMORY - LOCAL
+        assert metric_total(DECLINED) == declined + N - MEMORY - LOCAL
         # what LMCache's lookup sees, pinned: only the reported chunks are pinned
         hit, mapping = sm.batched_contains(keys, pin=True)
         assert hit == MEMORY + LOCAL and mapping == {"kvstream": keys[:MEMORY + LOCAL]}
@@ -151,21 +151,21 @@ def test_slow_only_tail_is_left_to_the_gpu_and_the_fast_front_stays_a_hit(disk_t
         try:
             assert all(o is not None and torch.equal(o.tensor, r) for o, r in zip(got, refs))
         finally:
-            _release(got)
+            release_all(got)
 
 
 def test_fast_tiers_or_unmeasured_tiers_report_the_whole_held_prefix(disk_tmp):
-    with manager({**_tiers(disk_tmp), **RECOMPUTE}) as sm:
-        plugin = _plugin(sm)
+    with manager({**tiers_extra(disk_tmp), **RECOMPUTE}) as sm:
+        plugin = plugin_of(sm)
         infos, _ = _layout(sm)
         keys = [k for _, _, k in infos]
-        declined = _metric(DECLINED)
+        declined = metric_total(DECLINED)
         assert plugin.store.read_bandwidth(0) is None and plugin.store.read_bandwidth(1) is None
         assert plugin.batched_contains(keys) == N  # nothing measured yet: no reason to shorten
         _bandwidth(sm, local=FAST, shared=FAST)
         assert plugin.batched_contains(keys) == N
         assert sm.batched_contains(keys)[0] == N
-        assert _metric(DECLINED) == declined
+        assert metric_total(DECLINED) == declined
         _bandwidth(sm, local=SLOW, shared=FAST)  # a slow local tier under a host-memory front: load the front
         assert plugin.batched_contains(keys) == MEMORY
         _bandwidth(sm, local=FAST, shared=0.0)  # the shared tier was busy a whole step and delivered nothing
@@ -173,15 +173,15 @@ def test_fast_tiers_or_unmeasured_tiers_report_the_whole_held_prefix(disk_tmp):
 
 
 def test_async_lookup_reports_and_prefetches_only_the_loaded_prefix(disk_tmp):
-    with manager({**_tiers(disk_tmp), **RECOMPUTE}, async_loading=True) as sm:
-        sm.async_lookup_server = _Scheduler()
+    with manager({**tiers_extra(disk_tmp), **RECOMPUTE}, async_loading=True) as sm:
+        sm.async_lookup_server = FakeScheduler()
         infos, refs = _layout(sm)
         _bandwidth(sm, local=FAST, shared=SLOW)
-        _prefetch(sm, "req", infos)
-        n, pairs = _collect(sm, "req")
+        prefetch(sm, "req", infos)
+        n, pairs = collect(sm, "req")
         try:
             assert n == (MEMORY + LOCAL) * CHUNK
             assert [k for k, _ in pairs] == [k for _, _, k in infos[:MEMORY + LOCAL]]
             assert all(torch.equal(o.tensor, refs[i]) for i, (_, o) in enumerate(pairs))
         finally:
-            _release([o for _, o in pairs])
+            release_all([o for _, o in pairs])

@@ -6,24 +6,35 @@ to a dead first tier are memory-only")."""
 from __future__ import annotations
 
 import subprocess
+import sys
 import time
+from pathlib import Path
+
+import pytest
 
 import kvstream
 from kvstream.replica_debt import OwedReplicas
-from test_fault_suite_root import check_all, config, kernel, make_keys, need_xfs, pytestmark, write  # noqa: F401
+from kvstream.testing.store import check_all, make_keys, put_and_flush, two_tier_config
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "bench" / "faults"))
+import kernel  # noqa: E402
+
+pytestmark = pytest.mark.root
 
 
 def test_copies_owed_to_a_dead_first_tier_survive_a_restart_and_are_written_after(disk_tmp):
-    need_xfs()
+    if (why := kernel.missing_xfs()) is not None:
+        pytest.skip(why)
     size = 128 << 10
     keys = make_keys(12, seed=5)
     with kernel.loop_fs("owedlocal", 320 << 20, fstype="xfs") as fs:
-        cfg = config(fs.mountpoint / "tier", disk_tmp / "shared")
+        cfg = two_tier_config(fs.mountpoint / "tier", disk_tmp / "shared")
         s = kvstream.open_store(cfg)
-        write(s, keys[:8], size)
+        put_and_flush(s, keys[:8], size)
         assert s.drain(10)
         fs.shutdown()  # the first tier, and the journal on it, fail with EIO from now on
-        write(s, keys[8:], size)
+        put_and_flush(s, keys[8:], size)
         assert s.drain(10)
         assert s.owed.counts()["local"] == 4
         fallback = s.owed.path

@@ -12,15 +12,14 @@ import threading
 import time
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 import kvstream
-from conftest import engines, wait_pool_empty
 from kvstream.format import HEADER_BYTES, ChunkMeta
 from kvstream.io.buffers import AlignedBuffer, round_up
 from kvstream.io.engine import make_engine
 from kvstream.io.faults import Fault, FaultPlan, FaultyEngine
+from kvstream.testing.store import engines, payload_for, wait_pool_empty
 
 
 def config(root: Path, engine: str = "threads", two: bool = True, **kw) -> dict:
@@ -30,10 +29,6 @@ def config(root: Path, engine: str = "threads", two: bool = True, **kw) -> dict:
     base = {"tiers": tiers, "memory_bytes": "16MiB", "create_dirs": True, "io_engine": engine}
     base.update(kw)
     return base
-
-
-def payload_for(key: bytes, size: int) -> bytes:
-    return np.random.default_rng(int.from_bytes(key[:8], "little")).bytes(size)
 
 
 def make_data(n: int, seed: int = 0) -> dict[bytes, bytes]:

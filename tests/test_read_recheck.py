@@ -21,11 +21,11 @@ import numpy as np
 import pytest
 
 import kvstream
-from conftest import engines
 from kvstream.format import HEADER_BYTES, file_size
 from kvstream.io.engine import make_engine
 from kvstream.io.faults import Fault, FaultPlan, FaultyEngine
 from kvstream.tiers.files import DirectoryTier
+from kvstream.testing.store import engines
 
 SIZE = 32 * 1024
 

@@ -8,11 +8,10 @@ from __future__ import annotations
 
 import heapq
 
-from _serving_fakes import LinearCost, req, run
-
 from kvstream.serving.core import LoadDone, ServingConfig, ServingCore, WriteChunks
 from kvstream.serving.backend import ServingBackend
 from kvstream.serving.realtime import Clock, RealtimeDriver
+from kvstream.testing.serving import LinearCost, req, run
 
 
 class FakeRTBackend(ServingBackend):

@@ -11,12 +11,12 @@ import signal
 import time
 from pathlib import Path
 
-import numpy as np
 
 import kvstream
 from kvstream.io import make_engine
 from kvstream.io.faults import Fault, FaultPlan, FaultyEngine
 from kvstream.replica_debt import OwedReplicas
+from kvstream.testing.store import payload_for
 
 MIB = 1 << 20
 
@@ -27,10 +27,6 @@ def config(root: Path, **kw) -> dict:
             "memory_bytes": "64MiB", "create_dirs": True, "io_engine": "threads", "node_id": "n1"}
     base.update(kw)
     return base
-
-
-def payload_for(key: bytes, size: int) -> bytes:
-    return np.random.default_rng(int.from_bytes(key[:8], "little")).bytes(size)
 
 
 def keys_(n: int, salt: int = 0) -> list[bytes]:

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import pytest
-from _serving_fakes import LinearCost, req, run
 
 from kvstream.errors import UsageError
 from kvstream.serving.core import (
@@ -17,6 +16,7 @@ from kvstream.serving.core import (
     WriteChunks,
 )
 from kvstream.serving.hbm import HbmCache
+from kvstream.testing.serving import FakeStorage, LinearCost, req, run
 
 
 def test_two_requests_fcfs_no_cache():
@@ -138,7 +138,6 @@ def test_core_rejects_bad_events_and_configs():
         ServingConfig(admit="lifo")
     with pytest.raises(UsageError, match="needs a prefetch"):
         ServingConfig(admit="ready")
-    from _serving_fakes import LinearCost
 
     core = ServingCore(LinearCost(), lambda ids: (0, 0), chunk_bytes=1)
     acts = core.handle(Arrival(request=req(0, 0.0, 512)), 0.0)
@@ -155,7 +154,6 @@ def test_same_events_same_decisions():
     reqs = [req(i, 0.05 * i, 256 * (1 + i % 5), out=1 + i % 3) for i in range(30)]
     disk = [c for r in reqs[::2] for c in r.chunk_ids[:2]]
     run(reqs, ServingConfig(admit="ready", prefetch="hrrn"), disk=disk, record=log)
-    from _serving_fakes import LinearCost, FakeStorage
     from kvstream.sim.engine import EventLoop
 
     st = FakeStorage(EventLoop(), disk=set(disk))
@@ -181,7 +179,6 @@ def test_hbm_cache_accounting():
 
 
 def test_request_longer_than_the_gpu_runs_alone_and_is_counted():
-    from _serving_fakes import LinearCost, FakeStorage
     from kvstream.sim.driver import SimNode
     from kvstream.sim.engine import EventLoop
 
@@ -235,7 +232,6 @@ def test_hbm_invariants_under_random_use():
 def test_the_core_admits_what_its_scheduling_policy_decides():
     """The batch order is the policy object's: a last-come-first-served policy reverses it, and the core's
     queries reach the policy (it would fail if the core kept decisions of its own)."""
-    from _serving_fakes import FakeStorage, LinearCost
     from kvstream.scheduling import BidawScheduler, CachedAttentionScheduler, FCFSScheduler
     from kvstream.serving.core import scheduler_config
     from kvstream.sim.driver import SimNode
@@ -283,8 +279,6 @@ def test_the_core_admits_what_its_scheduling_policy_decides():
 def test_bidaw_ready_request_whose_host_kv_was_evicted_goes_back_to_preparing():
     """The policy decides (Bidaw: back to the preparing queue, loaded in the background); the core only reports
     that the candidate now needs disk."""
-    from _serving_fakes import FakeStorage, LinearCost
-
     from kvstream.scheduling import RequestState
     from kvstream.sim.engine import EventLoop
 

@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 
 import kvstream
-from conftest import engines
 from kvstream.errors import StoreClosedError, UsageError
 from kvstream.format import ChunkMeta, HEADER_BYTES
 from kvstream.io.engine import IOEngine, Ring, make_engine
+from kvstream.testing.store import engines
 
 
 def config(root: Path, engine: str = "threads", **kw):

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 import kvstream
-from conftest import _disk_tmp_root
+from kvstream.testing.store import disk_tmp_root
 
 KEYS = [bytes([i]) * 16 for i in range(12)]
 
@@ -18,7 +18,7 @@ KEYS = [bytes([i]) * 16 for i in range(12)]
 class StoreVsDict(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
-        self.root = tempfile.mkdtemp(prefix="kvstream-stateful-", dir=_disk_tmp_root())
+        self.root = tempfile.mkdtemp(prefix="kvstream-stateful-", dir=disk_tmp_root())
         self.model: dict[bytes, bytes] = {}
         self.store = self._open()
 

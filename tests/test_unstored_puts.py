@@ -12,13 +12,14 @@ import threading
 import time
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 import kvstream
-from conftest import engines
 from kvstream.io import make_engine
 from kvstream.io.faults import Fault, FaultPlan, FaultyEngine
+from kvstream.testing.store import engines, payload_for
+
+SIZE = 64 * 1024  # bytes of every payload put
 
 
 def config(root: Path, **kw) -> dict:
@@ -27,10 +28,6 @@ def config(root: Path, **kw) -> dict:
             "memory_bytes": "32MiB", "create_dirs": True, "io_engine": "threads", "node_id": "n1"}
     base.update(kw)
     return base
-
-
-def payload_for(key: bytes, size: int = 64 * 1024) -> bytes:
-    return np.random.default_rng(int.from_bytes(key[:8], "little")).bytes(size)
 
 
 def open_breakers(s: kvstream.Store, cooldown_s: float = 3600.0) -> None:
@@ -61,7 +58,7 @@ def test_a_put_no_tier_takes_is_kept_until_a_copy_lands_and_drain_says_so(disk_t
     with kvstream.open_store(config(disk_tmp)) as s:
         open_breakers(s)
         for k in keys:
-            assert s.put(k, payload_for(k))
+            assert s.put(k, payload_for(k, SIZE))
         s.flush()
         assert not s.drain(5), "drain said every put was stored while every tier's breaker was open"
         st = s.stats()
@@ -70,7 +67,7 @@ def test_a_put_no_tier_takes_is_kept_until_a_copy_lands_and_drain_says_so(disk_t
         s.evict_memory()  # unstored puts are not evictable: host memory is their only copy
         got = s.get_many(keys)
         assert sum(g is not None for g in got) == 20
-        assert all(bytes(g) == payload_for(k) for k, g in zip(keys, got))
+        assert all(bytes(g) == payload_for(k, SIZE) for k, g in zip(keys, got))
         del got
         cool_down(s)  # the tiers take writes again: the catch-up writes the unstored puts
         assert wait_for(lambda: s.stats().unstored_chunks == 0)
@@ -78,7 +75,7 @@ def test_a_put_no_tier_takes_is_kept_until_a_copy_lands_and_drain_says_so(disk_t
         assert s.drain(10)
         s.evict_memory()
         got = s.get_many(keys)
-        assert all(g is not None and bytes(g) == payload_for(k) for k, g in zip(keys, got))
+        assert all(g is not None and bytes(g) == payload_for(k, SIZE) for k, g in zip(keys, got))
         assert s.stats().disk_hits >= 20
     with kvstream.open_store(config(disk_tmp)) as again:  # durable: on both tiers after a restart
         assert all(again.tiers[0].contains(k) and again.tiers[1].contains(k) for k in keys)
@@ -115,7 +112,7 @@ def test_a_removed_unstored_put_is_neither_kept_nor_written(disk_tmp: Path):
     with kvstream.open_store(config(disk_tmp)) as s:
         open_breakers(s)
         k = b"r" * 16
-        assert s.put(k, payload_for(k))
+        assert s.put(k, payload_for(k, SIZE))
         s.flush()
         assert s.stats().unstored_chunks == 1
         assert s.remove(k)
@@ -145,7 +142,7 @@ def test_no_acknowledged_put_is_lost_while_every_write_fails_for_a_while(disk_tm
         rng = random.Random(seed)
         for _ in range(30):
             k = rng.randbytes(16)
-            if s.put(k, payload_for(k)):
+            if s.put(k, payload_for(k, SIZE)):
                 with lock:
                     acked.append(k)
             if rng.random() < 0.3:
@@ -161,7 +158,7 @@ def test_no_acknowledged_put_is_lost_while_every_write_fails_for_a_while(disk_tm
             with lock:
                 want = rng.sample(acked, min(8, len(acked)))
             for k, v in zip(want, s.get_many(want)):
-                if v is not None and bytes(v) != payload_for(k):
+                if v is not None and bytes(v) != payload_for(k, SIZE):
                     wrong[0] += 1
             s.evict_memory()
 
@@ -190,4 +187,4 @@ def test_no_acknowledged_put_is_lost_while_every_write_fails_for_a_while(disk_tm
         got = again.get_many(acked)
         lost = [k for k, g in zip(acked, got) if g is None]
         assert not lost, f"{len(lost)} of {len(acked)} acknowledged puts lost"
-        assert all(bytes(g) == payload_for(k) for k, g in zip(acked, got))
+        assert all(bytes(g) == payload_for(k, SIZE) for k, g in zip(acked, got))

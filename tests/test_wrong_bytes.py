@@ -23,9 +23,9 @@ import numpy as np
 import pytest
 
 import kvstream
-from conftest import engines, wait_pool_empty
 from kvstream.format import ChunkMeta
 from kvstream.io.buffers import AlignedBuffer, round_up
+from kvstream.testing.store import engines, wait_pool_empty
 
 CHUNK = 64 * 1024 - 100  # payload bytes: with the header, one 68 KiB size class (slab slots)
 
