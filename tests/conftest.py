@@ -1,7 +1,7 @@
 """Shared fixtures. Tier folders live on the real disk (not tmpfs), so O_DIRECT is exercised.
 
 Fixtures only: helpers that test files call live in :mod:`kvstream.testing` (test files never import this file
-or each other; tests/test_layout.py checks).
+or each other; tests/unit/test_layout.py checks).
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ def disk_tmp():
     shutil.rmtree(root, ignore_errors=True)
 
 
-# ── two nodes on real distributed file systems (tests/test_dfs_multinode.py, issue 12) ─────────────────────
+# ── two nodes on real distributed file systems (tests/root/test_dfs_multinode.py, issue 12) ────────────────
 # Session-scoped: the namespaces once, and each file system once (`dfs` is parametrised, so pytest runs every
 # GlusterFS test, tears GlusterFS down, then starts Ceph: never both at once, and Ceph's bootstrap only once).
 

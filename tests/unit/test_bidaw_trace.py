@@ -18,7 +18,7 @@ from kvstream.workload.bidaw import (
 from kvstream.workload.request import CHUNK_TOKENS
 
 HEADER = "user_id time_stamp(seconds) query_length response_length round_index\n"
-TRACES = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "traces"
+TRACES = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "traces"
 BIDAW = TRACES / "bidaw-conversation"
 
 

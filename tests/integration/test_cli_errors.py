@@ -297,7 +297,7 @@ def test_replay_without_matplotlib_writes_json_and_names_the_extra(disk_tmp: Pat
     monkeypatch.setattr(_common, "have", lambda module: module != "matplotlib")
     out_dir = disk_tmp / "out"
     # 8 requests: enough that the run reads from disk (with fewer every hit is in memory, and replay refuses the
-    # run as one that measured nothing: tests/test_nothing_measured.py)
+    # run as one that measured nothing: tests/integration/test_nothing_measured.py)
     rc = main(["replay", "--preset", "agent-small", "--requests", "8", "--model", "qwen2.5-0.5b", "--memory", "32MiB", "--gpu-kv", "8MiB",
                "--tier-capacity", "256MiB", "--speed", "8", "--systems", "kvstream", "--rounds", "1", "--out", str(out_dir)])
     out, err = capsys.readouterr()

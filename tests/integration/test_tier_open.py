@@ -1,6 +1,6 @@
 """Opening tiers: a missing mount is never written under, a failing tier does not take the others down
 (issue 21, items 5 and 7). Runs without root; the same with real mounts, a real full ext4 and real unmounts is
-in ``tests/test_fault_suite_root.py``.
+in ``tests/root/test_fault_suite_root.py``.
 
 Before: with ``create_dirs`` (LMCache's default) a store opened while the shared file system was not mounted
 created its folder on the root disk under the empty mount point and ran as if it were shared; and a first tier

@@ -33,7 +33,7 @@ from kvstream.commands.verify import verify_tier
 from kvstream.format import file_size
 from kvstream.tiers.files import DirectoryTier
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "bench"))
 from dfs.client import NodeError, NodeProcess  # noqa: E402
 from dfs.node import key_for  # noqa: E402

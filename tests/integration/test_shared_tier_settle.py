@@ -37,7 +37,7 @@ from kvstream.io.faults import Fault, FaultPlan, FaultyEngine
 from kvstream.tiers.files import DirectoryTier
 
 SIZE = 60 * 1024
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def node_cfg(root: Path, name: str, **kw) -> dict:

@@ -107,7 +107,7 @@ def _spearman(x: np.ndarray, y: np.ndarray) -> float:
 
 def test_sharegpt_gaps_do_not_follow_the_answer_length():
     # The property B9 rests on: with Poisson timestamps the previous answer's length says nothing about when the
-    # user comes back (the Bidaw trace's own relation is strong; tests/test_study.py measures that one).
+    # user comes back (the Bidaw trace's own relation is strong; tests/unit/test_study.py measures that one).
     spec = ShareGPTSpec(n_users=400, user_rate=2.0)
     recs = sharegpt_records(spec, 2)
     by: dict = defaultdict(list)

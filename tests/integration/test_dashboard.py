@@ -24,7 +24,7 @@ import yaml
 for _k, _v in {"LMCACHE_TRACK_USAGE": "false", "DO_NOT_TRACK": "1", "HF_HUB_OFFLINE": "1"}.items():
     os.environ[_k] = _v  # LMCache (imported inside the live test) reports usage over the network by default
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 DASHBOARD = REPO / "deploy" / "grafana" / "kvstream.json"
 ALERTS = REPO / "deploy" / "prometheus" / "kvstream-alerts.yml"
 PREFIX = "lmcache:kvstream_"

@@ -26,7 +26,7 @@ from kvstream.errors import ConfigError
 from kvstream.testing.store import check_all, make_keys, put_and_flush, two_tier_config
 from kvstream.tiers.files import DirectoryTier
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "bench" / "faults"))
 import kernel  # noqa: E402
 

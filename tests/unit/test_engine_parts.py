@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-SRC = Path(__file__).resolve().parents[1] / "src"
+SRC = Path(__file__).resolve().parents[2] / "src"
 PARTS = ("kvstream.reader", "kvstream.writer", "kvstream.replica_debt")
 
 

@@ -22,13 +22,15 @@ import pytest
 
 import kvstream
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())
 
 # A fast subset of the suite, run from the unpacked sdist: tests that read the docs, deploy/ and the CHANGELOG
-# the sdist must carry, the CLI's, and ones that use tests/conftest.py's fixtures and tests/_serving_fakes.py.
-SUBSET = ["tests/test_config_reference.py", "tests/test_cli_errors.py", "tests/test_dashboard.py",
-          "tests/test_serving_core.py", "tests/test_format.py", "tests/test_packaging.py::test_changelog_top_release_is_the_package_version"]
+# the sdist must carry, the CLI's, and ones that use tests/conftest.py's fixtures and kvstream.testing's helpers.
+SUBSET = ["tests/unit/test_config_reference.py", "tests/integration/test_cli_errors.py",
+          "tests/integration/test_dashboard.py", "tests/unit/test_serving_core.py", "tests/unit/test_format.py",
+          "tests/unit/test_layout.py",
+          "tests/integration/test_packaging.py::test_changelog_top_release_is_the_package_version"]
 
 
 def _source_files() -> list[str]:
@@ -67,9 +69,10 @@ def test_the_sdist_carries_its_tests_and_they_run_from_it(tmp_path: Path) -> Non
     root = next((tmp_path / "unpacked").iterdir())
     shipped = {p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file()}
     # every test module and helper, and every file the tests read from the tree
-    need = {p.relative_to(REPO).as_posix() for p in (REPO / "tests").glob("*.py")}
+    need = {p.relative_to(REPO).as_posix() for p in (REPO / "tests").rglob("*.py")}
+    need |= {"tests/README.md"}
     need |= {p.relative_to(REPO).as_posix() for p in (REPO / "docs").glob("*.md")}
-    need |= {"tests/conftest.py", "tests/_serving_fakes.py", "README.md", "CHANGELOG.md", "pyproject.toml",
+    need |= {"tests/conftest.py", "src/kvstream/testing/serving.py", "README.md", "CHANGELOG.md", "pyproject.toml",
              "deploy/grafana/kvstream.json", "deploy/prometheus/kvstream-alerts.yml", "bench/dfs/testbed.py",
              "bench/faults/kernel.py", "scripts/setup.sh", "scripts/test.sh", "scripts/config_reference.py"}
     missing = sorted(need - shipped)

@@ -17,7 +17,7 @@ from kvstream.sim.storage import SimStorage, SimTier
 from kvstream.workload import generate, preset, read_mooncake
 from kvstream.workload.synthetic import SyntheticSpec
 
-TRACES = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "traces"
+TRACES = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "traces"
 MB = 1 << 20
 
 

@@ -16,7 +16,7 @@ import kvstream
 from kvstream.replica_debt import OwedReplicas
 from kvstream.testing.store import check_all, make_keys, put_and_flush, two_tier_config
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "bench" / "faults"))
 import kernel  # noqa: E402
 

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from packaging.requirements import Requirement
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _pins_module():
@@ -59,7 +59,8 @@ def test_setup_installs_the_helpers_pins_and_test_runs_the_plugin_tests_on_them(
     test = (REPO / "scripts" / "test.sh").read_text()
     assert "KVSTREAM_LMCACHE_PINS=1 .venv-lmcache-pins/bin/python -m pytest" in test
     listed = test.split("PINNED_TESTS=(", 1)[1].split(")", 1)[0].split()
-    assert listed[0] == "tests/test_lmcache_pins.py" and "tests/test_lmcache_plugin.py" in listed
+    assert listed[0] == "tests/integration/test_lmcache_pins.py"
+    assert "tests/integration/test_lmcache_plugin.py" in listed
     assert all((REPO / t).is_file() for t in listed)
     ci = (REPO / ".ci" / "run").read_text()
     assert "scripts/setup.sh test" in ci and "scripts/test.sh" in ci

@@ -16,7 +16,7 @@ from kvstream.integrations._lmcache_config import (_STORE_OVERRIDES, KEY_DEFAULT
                                                    PREFIX, STORE_KEYS, PluginOptions, parse_extra_config,
                                                    pending_write_default)
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 DOC = REPO / "docs" / "config.md"
 
 

@@ -14,7 +14,7 @@ from kvstream.workload import Request, generate, preset, read_mooncake, reuse_ra
 from kvstream.workload.mooncake import ChunkInterner
 from kvstream.workload.synthetic import LengthDist, SyntheticSpec, arrival_gaps, sample_cv
 
-TRACES = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "traces"
+TRACES = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "traces"
 MOONCAKE = TRACES / "mooncake" / "conversation_trace.jsonl"
 
 
