@@ -292,6 +292,7 @@ def test_an_import_error_anywhere_names_the_extra(capsys: pytest.CaptureFixture[
         main(["report"])
 
 
+@pytest.mark.slow
 def test_replay_without_matplotlib_writes_json_and_names_the_extra(disk_tmp: Path, capsys: pytest.CaptureFixture[str],
                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(_common, "have", lambda module: module != "matplotlib")

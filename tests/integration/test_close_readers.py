@@ -68,6 +68,7 @@ def _reader(s: kvstream.Store, keys: list[bytes], seed: int, out: dict, lock: th
             out[seed] = mine
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("engine", engines())
 def test_close_while_many_threads_read_lets_every_reader_return(disk_tmp: Path, engine: str):
     cfg = {"tiers": [{"name": "local", "path": str(disk_tmp / "local"), "capacity_bytes": "64MiB"},

@@ -104,6 +104,7 @@ def _run_verify(*args: str) -> int:
     return main(["verify", *args])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("how", ["flip", "zeros"])
 def test_damage_in_a_log_hides_nothing_still_on_disk(templates, disk_tmp, how):
     @DAMAGE

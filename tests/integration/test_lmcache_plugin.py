@@ -712,6 +712,7 @@ for tiers in (f"local={root / 'file' / 'kv'}", f"local={root / 'local'}"):
 """
 
 
+@pytest.mark.slow
 def test_plugin_warnings_are_in_lmcache_log_format(disk_tmp):
     """What an operator sees on stderr: the plugin's own warnings and the store's (a tier folder made by another
     format) come out in LMCache's log format, level and source named, not as bare text."""

@@ -81,6 +81,7 @@ def test_the_store_itself_refuses_a_replay_tier_below_one_chunk(disk_tmp: Path, 
 
 
 # -- replay: refused after a run that measured nothing -----------------------------------------------------------
+@pytest.mark.slow
 def test_a_replay_that_read_nothing_from_disk_exits_2_naming_the_cause(disk_tmp: Path,
                                                                        capsys: pytest.CaptureFixture[str]) -> None:
     """Three requests fit in host memory: every hit is in memory, so the comparison of disk tiers measured

@@ -16,6 +16,7 @@ def _args(tmp_path, *extra):
     ])
 
 
+@pytest.mark.slow
 def test_replay_runs_systems_side_by_side(tmp_path, capsys):
     args = _args(tmp_path, "--systems", "kvstream,lmcache-like", "--rounds", "2")
     assert args.handler(args) == 0
@@ -76,6 +77,7 @@ def test_replay_refuses_one_tier_and_unknown_system(tmp_path):
         args.handler(args)
 
 
+@pytest.mark.slow
 def test_replay_takes_a_relative_out_folder(tmp_path, monkeypatch, capsys):
     # The README's demo runs `kvstream replay` with its default, relative --out; tier paths must still work.
     monkeypatch.chdir(tmp_path)
@@ -131,6 +133,7 @@ def test_the_default_is_a_setting_where_reading_beats_recomputing():
     assert reqs[-1].arrival < 75  # minutes for four systems, not hours
 
 
+@pytest.mark.slow
 def test_kvstream_plus_compute_recomputes_fronts_through_the_real_store(tmp_path, capsys):
     """kvstream+compute on the real store (``Store.read_chunks(compute=...)``): with a shared tier emulated at
     50 MB/s, reading is slow enough that the modelled GPU takes some chunks from the front of the blocking

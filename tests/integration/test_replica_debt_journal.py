@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 import kvstream
 from kvstream.replica_debt import CatchUpPolicy, DebtAction, OwedReplicas
@@ -135,6 +136,7 @@ def test_catch_up_policy_backs_off_without_room_and_bounds_read_backs_of_a_debt(
     assert p.decide(**args, room=True, now=None, debt=d) is DebtAction.READ_BACK
 
 
+@pytest.mark.slow
 def test_with_no_room_in_host_memory_the_catch_up_does_not_read_the_same_debts_again_and_again(disk_tmp: Path):
     size = 512 << 10
     cfg = {"tiers": [{"name": "local", "path": str(disk_tmp / "local"), "capacity_bytes": "256MiB"},

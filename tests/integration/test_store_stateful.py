@@ -5,6 +5,7 @@ from __future__ import annotations
 import shutil
 import tempfile
 
+import pytest
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
@@ -81,4 +82,4 @@ class StoreVsDict(RuleBasedStateMachine):
 
 
 StoreVsDict.TestCase.settings = settings(max_examples=25, stateful_step_count=25, deadline=None)
-TestStoreVsDict = StoreVsDict.TestCase
+TestStoreVsDict = pytest.mark.slow(StoreVsDict.TestCase)

@@ -122,6 +122,7 @@ def test_a_removed_unstored_put_is_neither_kept_nor_written(disk_tmp: Path):
         assert not any(t.contains(k) for t in s.tiers) and s.memory.pool.in_use_bytes == 0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("engine", engines())
 def test_no_acknowledged_put_is_lost_while_every_write_fails_for_a_while(disk_tmp: Path, engine: str):
     """Writers and readers on several threads while every write to every tier fails with EIO for 0.6 s (the

@@ -9,6 +9,7 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 import yaml
 
 import kvstream
@@ -38,6 +39,7 @@ def verify(*args: str) -> tuple[int, dict]:
     return p.returncode, json.loads(p.stdout)
 
 
+@pytest.mark.slow
 def test_deficits_are_reported_and_repaired(disk_tmp):
     path, keys = make(disk_tmp)
     rc, out = verify("--config", str(path))

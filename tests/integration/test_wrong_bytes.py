@@ -63,6 +63,7 @@ def churn(s, n: int, seed: int) -> None:
     put_all(s, keys_for(n, seed + 1))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("api", ["read_chunks", "read_iter", "get_many_like"])
 def test_plan_then_evict_keeps_every_memory_hit_intact(disk_tmp, api):
     with kvstream.open_store(cfg_for(disk_tmp, memory="4MiB")) as s:
@@ -83,6 +84,7 @@ def test_plan_then_evict_keeps_every_memory_hit_intact(disk_tmp, api):
             assert bytes(view) == payload(keys[i]), f"chunk {i}: changed after it was handed out"
 
 
+@pytest.mark.slow
 def test_plan_then_evict_read_into_copies_the_right_chunk(disk_tmp):
     with kvstream.open_store(cfg_for(disk_tmp, memory="4MiB")) as s:
         keys = keys_for(24, seed=2)
@@ -176,6 +178,7 @@ def test_no_overflow_buffers_are_kept_with_read_overflow_bytes_0(disk_tmp):
         assert all(bytes(v) == payload(k) for k, v in held)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("engine", engines())
 def test_soak_readers_and_writers_never_see_wrong_bytes(disk_tmp, engine):
     """4 reader threads (get_many, read_iter, read_chunks, read_into) and 2 writer threads (put/flush/remove,

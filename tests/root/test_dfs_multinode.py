@@ -38,7 +38,7 @@ sys.path.insert(0, str(REPO / "bench"))
 from dfs.client import NodeError, NodeProcess  # noqa: E402
 from dfs.node import key_for  # noqa: E402
 
-pytestmark = [pytest.mark.dfs, pytest.mark.root]
+pytestmark = [pytest.mark.dfs, pytest.mark.root, pytest.mark.slow]  # minutes: file systems start and stop
 
 SIZE = 64 << 10  # payload bytes of most chunks
 FILE = file_size(SIZE)  # bytes on storage (header + padded payload)

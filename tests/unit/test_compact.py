@@ -137,6 +137,7 @@ def _model(style: str, dtype: torch.dtype, **kw: int) -> _Model:
     return _Model(style, **kw).to(dtype).eval()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("style", ["llama", "opt"])
 def test_rebuild_matches_in_float32(style: str) -> None:
     model = _model(style, torch.float32)

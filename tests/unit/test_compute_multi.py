@@ -18,6 +18,7 @@ events in any order a driver could produce. What must hold:
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -56,6 +57,7 @@ def loads(draw):
     return items, memory, holders, costs
 
 
+@pytest.mark.slow
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(load=loads(),
        bandwidth=st.sampled_from([None, (1e6, 1e6), (1e8, 1e7), (1e9, 1e9)]),

@@ -202,7 +202,7 @@ class ComputeSourceModel(RuleBasedStateMachine):
         assert self.step.compute_state in (ComputeState.STOPPED, ComputeState.ABANDONED)
 
 
-TestComputeSource = ComputeSourceModel.TestCase
+TestComputeSource = pytest.mark.slow(ComputeSourceModel.TestCase)
 TestComputeSource.settings = settings(max_examples=300, stateful_step_count=50, deadline=None,
                                       suppress_health_check=[HealthCheck.too_slow])
 

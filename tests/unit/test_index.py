@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 import time
 
+import pytest
+
 from kvstream.tiers.index import OP_DEL, OP_PUT, TierIndex
 
 
@@ -97,6 +99,7 @@ def test_other_writers_are_seen_by_refresh_and_a_delete_names_the_put_it_deletes
     assert b"x" * 16 not in c
 
 
+@pytest.mark.slow
 def test_many_entries_reopen(tmp_path):
     """200,000 entries survive a compaction and a reopen from the snapshot. How fast: bench/index_reopen.py
     (a benchmark, not a timed test)."""

@@ -225,7 +225,7 @@ class ReadStepModel(RuleBasedStateMachine):
                 assert self.resolved.get(j) in (None, "lost")
 
 
-TestReadStep = ReadStepModel.TestCase
+TestReadStep = pytest.mark.slow(ReadStepModel.TestCase)
 TestReadStep.settings = settings(max_examples=400, stateful_step_count=60, deadline=None,
                                  suppress_health_check=[HealthCheck.too_slow])
 
