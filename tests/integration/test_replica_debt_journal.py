@@ -60,6 +60,7 @@ def test_the_journal_is_compacted_while_open_and_appends_made_meanwhile_are_kept
     live: dict[tuple[str, bytes], None] = {}
     lock = threading.Lock()
     stop = threading.Event()
+    ops = [0]
 
     def churn(seed: int) -> None:
         r = random.Random(seed)
@@ -77,25 +78,34 @@ def test_the_journal_is_compacted_while_open_and_appends_made_meanwhile_are_kept
                 else:
                     owed.paid(t, k)
                     live.pop((t, k), None)
+                ops[0] += 1  # at most one journal record each
 
     threads = [threading.Thread(target=churn, args=(i + 1,)) for i in range(4)]
     for t in threads:
         t.start()
     compactions = 0
-    sizes = []
+    sizes = []  # (journal bytes, churn operations since the sample before: at most that many records came in)
+    seen = 0
     deadline = time.monotonic() + 4.0
     while time.monotonic() < deadline:
         if owed.needs_compaction():
             compactions += owed.compact()
-        sizes.append(path.stat().st_size)
+        size = path.stat().st_size
+        with lock:
+            sizes.append((size, ops[0] - seen))
+            seen = ops[0]
         time.sleep(rng.uniform(0.0, 0.02))
     stop.set()
     for t in threads:
         t.join()
     assert compactions >= 2 and owed.compactions == compactions
-    # Bounded: never much past the threshold (4096 records, or 4 per live debt), whatever the churn.
+    # Bounded: never much past the threshold (4096 records, or 4 per live debt), whatever the churn, plus what
+    # came in since the poller last looked: a compaction's fsync on a busy disk (0.7 s seen on a shared machine)
+    # lets ~70,000 records in meanwhile. Without compaction the journal would hold every record (~400,000 in 4 s);
+    # compacting at 10x the threshold fails this.
     n_live = len(live)
-    assert max(sizes) < 60 * max(2 * 4096, 8 * n_live), (max(sizes), n_live)
+    over = [(size, new) for size, new in sizes if size >= 60 * (max(2 * 4096, 8 * n_live) + new)]
+    assert not over, (over[:3], n_live)
     expect = {t: sum(1 for (tt, _) in live if tt == t) for t in TIERS}
     assert {t: owed.counts()[t] + owed.inflight_counts()[t] for t in TIERS} == expect
     owed.close()
