@@ -3,7 +3,7 @@
 Writes ``--entries`` put records through :class:`kvstream.tiers.index.TierIndex` (as a store's puts would),
 closes it, then times (a) the first reopen, which replays the log and compacts it into a snapshot, and (b) a
 reopen from the snapshot alone, the usual case. Medians of ``--runs``. A benchmark, not a test: the suite only
-checks that many entries reopen correctly (``tests/test_index.py``).
+checks that many entries reopen correctly (``tests/unit/test_index.py``).
 
     flock /tmp/kvs-bench.lock .venv/bin/python bench/index_reopen.py --entries 1000000 --runs 3 [--json F]
 """

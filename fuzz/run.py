@@ -135,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
         import atheris  # noqa: F401
     except ImportError:
         print("atheris is not installed (pip install atheris into .venv); the hypothesis fuzz tests in "
-              "tests/test_fuzz.py run without it", file=sys.stderr)
+              "tests/integration/test_fuzz.py run without it", file=sys.stderr)
         return 2
     results = [run(t, args.runs if args.runs or args.seconds else 100_000, args.seconds, args.tolerate)
                for t in args.targets]

@@ -45,7 +45,7 @@ case "$what" in
     fi
     ;;
   dfs)
-    # The file systems of the multi-node suite (tests/test_dfs_multinode.py, bench/dfs): GlusterFS and Ceph,
+    # The file systems of the multi-node suite (tests/root/test_dfs_multinode.py, bench/dfs): GlusterFS and Ceph,
     # from the distribution. Root only (the suite needs root anyway and skips without it); installs only what
     # is missing, so a second run costs one dpkg-query. No daemon is started here: the tests start their own,
     # in network namespaces, and stop them.
@@ -55,7 +55,7 @@ case "$what" in
     fi
     installed() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q "install ok installed"; }
     plain=(); norec=()
-    # xfsprogs and util-linux: the fault suite's XFS shutdown and fsfreeze drills (tests/test_fault_suite_root.py).
+    # xfsprogs and util-linux: the fault suite's XFS shutdown and fsfreeze drills (tests/root/test_fault_suite_root.py).
     for p in glusterfs-server glusterfs-client xfsprogs; do installed "$p" || plain+=("$p"); done
     command -v ip >/dev/null || plain+=(iproute2)
     # Ceph without recommends: those pull in hundreds of MB (dashboards, python stacks) the tests never use.

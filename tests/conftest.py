@@ -1,4 +1,8 @@
-"""Shared fixtures. Tier folders live on the real disk (not tmpfs), so O_DIRECT is exercised."""
+"""Shared fixtures. Tier folders live on the real disk (not tmpfs), so O_DIRECT is exercised.
+
+Fixtures only: helpers that test files call live in :mod:`kvstream.testing` (test files never import this file
+or each other; tests/unit/test_layout.py checks).
+"""
 
 from __future__ import annotations
 
@@ -9,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from kvstream.testing.store import disk_tmp_root
+
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared"
 TRACES = SHARED / "data" / "traces"
@@ -16,14 +22,7 @@ TRACES = SHARED / "data" / "traces"
 
 def _disk_tmp_root() -> Path:
     """A folder on a file system that supports O_DIRECT (tmpfs does not): $KVSTREAM_TEST_DIR, else /var/tmp."""
-    for cand in (os.environ.get("KVSTREAM_TEST_DIR"), "/var/tmp", str(REPO / ".test-tmp")):
-        if cand and os.path.isdir(os.path.dirname(cand.rstrip("/")) or "/"):
-            try:
-                os.makedirs(cand, exist_ok=True)
-                return Path(cand)
-            except OSError:
-                continue
-    return Path(tempfile.gettempdir())
+    return disk_tmp_root(REPO / ".test-tmp")
 
 
 @pytest.fixture
@@ -33,31 +32,7 @@ def disk_tmp():
     shutil.rmtree(root, ignore_errors=True)
 
 
-def engines() -> list:
-    from kvstream.io.engine import available_engines
-
-    out = []
-    for name, reason in available_engines().items():
-        marks = [pytest.mark.skip(reason=f"io_uring unavailable here: {reason}")] if reason else []
-        out.append(pytest.param(name, marks=marks, id=name))
-    return out
-
-
-def wait_pool_empty(store, timeout: float = 3.0) -> None:
-    """Empty the store's host memory until its buffer pool holds nothing in use (late reads end on ring
-    threads: allow them ``timeout``), then assert it does."""
-    import time
-
-    deadline = time.monotonic() + timeout
-    while True:
-        store.evict_memory()
-        if store.memory.pool.in_use_bytes == 0 or time.monotonic() > deadline:
-            break
-        time.sleep(0.01)
-    assert store.memory.pool.in_use_bytes == 0
-
-
-# ── two nodes on real distributed file systems (tests/test_dfs_multinode.py, issue 12) ─────────────────────
+# ── two nodes on real distributed file systems (tests/root/test_dfs_multinode.py, issue 12) ────────────────
 # Session-scoped: the namespaces once, and each file system once (`dfs` is parametrised, so pytest runs every
 # GlusterFS test, tears GlusterFS down, then starts Ceph: never both at once, and Ceph's bootstrap only once).
 

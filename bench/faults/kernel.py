@@ -35,8 +35,8 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-__all__ = ["LoopFS", "loop_fs", "missing_root", "missing_loop", "missing_dm", "missing_blkio", "missing_quota",
-           "first_block", "throttle_reads"]
+__all__ = ["LoopFS", "loop_fs", "missing_root", "missing_loop", "missing_xfs", "missing_dm", "missing_blkio",
+           "missing_quota", "first_block", "throttle_reads"]
 
 _LOOP_SET_STATUS64 = 0x4C04
 _LOOP_GET_STATUS64 = 0x4C05
@@ -68,6 +68,16 @@ def missing_loop() -> str | None:
         return "no /dev/loop-control: this kernel has no loop device driver"
     if not Path("/dev/shm").is_dir():
         return "no /dev/shm to hold the loop image"
+    return None
+
+
+def missing_xfs() -> str | None:
+    """None if a loop-mounted XFS can be made here (``loop_fs(..., fstype="xfs")``) and shut down (``xfs_io``)."""
+    if (why := missing_loop()) is not None:
+        return why
+    for tool in ("mkfs.xfs", "xfs_io"):
+        if shutil.which(tool) is None:
+            return f"{tool} is not installed (apt xfsprogs; scripts/setup.sh installs it)"
     return None
 
 

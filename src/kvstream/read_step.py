@@ -79,12 +79,12 @@ chunk before their read could land (``_compute_first``). Compute-source lifecycl
     ABANDONED  computed   STOPPED      (the step was over: the result is not used)
     STOPPED: final.
 
-Invariants (tested with hypothesis against a model, ``tests/test_read_step.py``): every chunk is resolved
+Invariants (tested with hypothesis against a model, ``tests/unit/test_read_step.py``): every chunk is resolved
 exactly once; a delivered read is from a tier holding the chunk and was checked ok; every read that got a
 buffer (Submit) is released or delivered exactly once; no read goes into a target while another read into it
 is in flight, and a chunk is delivered only once no read into its target is in flight (or it is reported
 busy); a tier's bytes in flight stay within its window, but for the one read it may always have. With a
-compute source (``tests/test_compute_source.py``): chunks are computed strictly in chain order (compute claims
+compute source (``tests/unit/test_compute_source.py``): chunks are computed strictly in chain order (compute claims
 chunk j only once every chain chunk before it is resolved: computed by it or delivered by a tier), a chunk
 taken for compute is never read by a tier, and each chunk is resolved by exactly one source.
 """

@@ -145,7 +145,7 @@ PLUGIN_KEYS: dict[str, PluginKey] = {
 KEYS: dict[str, str] = {name: key.doc for name, key in PLUGIN_KEYS.items()}
 
 # For docs/config.md (kvstream.config.reference_markdown): the type and default text of each key that sets no
-# store field of the same name, derived from PLUGIN_KEYS (tests/test_config_reference.py checks them both ways).
+# store field of the same name, derived from PLUGIN_KEYS (tests/unit/test_config_reference.py checks them both ways).
 KEY_DEFAULTS: dict[str, tuple[str, str]] = {name: (key.type, key.default_text())
                                             for name, key in PLUGIN_KEYS.items() if not key.store}
 

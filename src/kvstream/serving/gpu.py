@@ -18,7 +18,7 @@ Peak figures are the vendors' datasheet numbers: H100 SXM 989.4 TFLOP/s dense BF
 A100 SXM 80 GB 312 TFLOP/s, 2.039 TB/s; A800 80 GB PCIe = A100 PCIe (312 TFLOP/s, 1.935 TB/s).
 Host link: PCIe Gen5 x16 ~ 50 GB/s usable per GPU (H100), Gen4 x16 ~ 25 GB/s (A100/A800).
 
-Calibration (the test ``tests/test_serving_gpu.py`` checks the model against every point below):
+Calibration (the test ``tests/unit/test_serving_gpu.py`` checks the model against every point below):
 
 * **H100 x4 (TP=4), end to end** — a public vLLM measurement note ("MFU in inference": 4x H100 SXM over
   NVLink, Llama-3.3-70B in BF16, batches of 2083-token prompts): prefill of 1 / 2 / 4 / 8 / 16 / 32 prompts

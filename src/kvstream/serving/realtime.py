@@ -6,7 +6,7 @@ Event delivery follows the simulator's ordering rule exactly (:mod:`kvstream.sim
 are handed to the core in ``(time, priority, seq)`` order — storage completions before step completions before
 arrivals — and each with its own time as ``now`` (an arrival at its scheduled time, a step at its modelled end,
 a load at the moment its last chunk landed), not the instant the loop noticed it. So identical event sequences
-give identical decisions in both drivers (tested with a virtual clock: ``tests/test_replay_driver.py``).
+give identical decisions in both drivers (tested with a virtual clock: ``tests/integration/test_replay_driver.py``).
 
 Backends (what the core's actions are carried out on) implement :class:`~kvstream.serving.backend.ServingBackend`,
 as the simulator's modelled store does, and the actions are carried out by the one

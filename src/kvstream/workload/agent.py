@@ -17,7 +17,7 @@ prompt has the same ids in every session.
 
 Invariant: the same :class:`AgentSpec` and seed give the same requests; the unlimited-cache chunk hit rate
 (:func:`kvstream.workload.synthetic.reuse_rate`) of the ``"swe-bench"`` preset is in the papers' 80-96 %
-(``tests/test_sim_paper_figures.py`` checks it).
+(``tests/unit/test_sim_paper_figures.py`` checks it).
 """
 
 from __future__ import annotations
