@@ -11,7 +11,7 @@ import heapq
 from kvstream.serving.core import LoadDone, ServingConfig, ServingCore, WriteChunks
 from kvstream.serving.backend import ServingBackend
 from kvstream.serving.realtime import Clock, RealtimeDriver
-from kvstream.testing.serving import LinearCost, req, run
+from kvstream.testing.serving import LinearCost, prefix_lookup, req, run
 
 
 class FakeRTBackend(ServingBackend):
@@ -22,14 +22,7 @@ class FakeRTBackend(ServingBackend):
         self._seq = 0
 
     def lookup(self, ids):
-        present = in_host = 0
-        for c in ids:
-            if c in self.host:
-                in_host += 1
-            elif c not in self.disk:
-                break
-            present += 1
-        return present, in_host
+        return prefix_lookup(ids, self.host, self.disk)
 
     def start_load(self, action, post):
         n_disk = sum(1 for _, ch in action.items for c in ch if c not in self.host)

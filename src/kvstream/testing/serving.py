@@ -18,7 +18,20 @@ from kvstream.sim.driver import SimNode
 from kvstream.sim.engine import PRIO_IO, EventLoop
 from kvstream.workload.request import CHUNK_TOKENS, Request
 
-__all__ = ["LinearCost", "FakeStorage", "req", "run"]
+__all__ = ["LinearCost", "FakeStorage", "prefix_lookup", "req", "run"]
+
+
+def prefix_lookup(ids: Sequence[Hashable], host: set[Hashable], disk: set[Hashable]) -> tuple[int, int]:
+    """A serving backend's ``lookup`` over two sets: (chunks of the leading run that are in ``host`` or ``disk``,
+    how many of those are in ``host``); the run stops at the first chunk in neither."""
+    present = in_host = 0
+    for c in ids:
+        if c in host:
+            in_host += 1
+        elif c not in disk:
+            break
+        present += 1
+    return present, in_host
 
 
 class LinearCost:
@@ -52,14 +65,7 @@ class FakeStorage(ServingBackend):
     loads: list[tuple[float, Any, Any]] = field(default_factory=list)
 
     def lookup(self, ids: Sequence[Hashable]) -> tuple[int, int]:
-        present = in_host = 0
-        for c in ids:
-            if c in self.host:
-                in_host += 1
-            elif c not in self.disk:
-                break
-            present += 1
-        return present, in_host
+        return prefix_lookup(ids, self.host, self.disk)
 
     def start_load(self, action: StartLoad, post: Callable[[LoadDone], None]) -> None:
         load_id, items = action.load_id, action.items
