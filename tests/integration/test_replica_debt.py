@@ -4,7 +4,6 @@ it; a chunk evicted everywhere by policy is not owed for ever; the journal is ne
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import numpy as np
@@ -13,6 +12,7 @@ import kvstream
 from kvstream.io import make_engine
 from kvstream.io.faults import Fault, FaultPlan, FaultyEngine
 from kvstream.replica_debt import OwedReplicas, full_replication_deficits
+from kvstream.testing.store import wait_for
 
 
 def config(root: Path, **kw) -> dict:
@@ -29,9 +29,7 @@ def chunks(n: int, size: int = 64 * 1024) -> dict[bytes, bytes]:
 
 
 def wait_paid(s, timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while any(t.replicas_owed for t in s.stats().tiers.values()) and time.monotonic() < deadline:
-        time.sleep(0.05)
+    wait_for(lambda: not any(t.replicas_owed for t in s.stats().tiers.values()), timeout)
     assert s.drain(10)
 
 

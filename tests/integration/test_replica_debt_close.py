@@ -16,7 +16,7 @@ import kvstream
 from kvstream.io import make_engine
 from kvstream.io.faults import Fault, FaultPlan, FaultyEngine
 from kvstream.replica_debt import OwedReplicas
-from kvstream.testing.store import payload_for
+from kvstream.testing.store import payload_for, wait_for
 
 MIB = 1 << 20
 
@@ -40,15 +40,6 @@ def journal_debts(root: Path) -> dict[str, int]:
         return owed.counts()
     finally:
         owed.close()
-
-
-def wait_for(cond, timeout: float = 20.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.05)
-    return True
 
 
 def test_a_clean_close_pays_the_second_copies_a_backlog_skipped(disk_tmp: Path):

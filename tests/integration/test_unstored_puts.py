@@ -17,7 +17,7 @@ import pytest
 import kvstream
 from kvstream.io import make_engine
 from kvstream.io.faults import Fault, FaultPlan, FaultyEngine
-from kvstream.testing.store import engines, payload_for
+from kvstream.testing.store import engines, payload_for, wait_for
 
 SIZE = 64 * 1024  # bytes of every payload put
 
@@ -42,15 +42,6 @@ def open_breakers(s: kvstream.Store, cooldown_s: float = 3600.0) -> None:
 def cool_down(s: kvstream.Store) -> None:
     for h in s.health:
         h.retry_at = 0.0  # the cool-down is over: half-open, the next copy probes the tier
-
-
-def wait_for(cond, timeout: float = 20.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.05)
-    return True
 
 
 def test_a_put_no_tier_takes_is_kept_until_a_copy_lands_and_drain_says_so(disk_tmp: Path):

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 __all__ = ["payload_for", "make_keys", "two_tier_config", "put_and_flush", "check_all", "wait_pool_empty",
-           "engines", "disk_tmp_root"]
+           "wait_for", "engines", "disk_tmp_root"]
 
 
 def payload_for(key: bytes, size: int) -> bytes:
@@ -63,6 +63,17 @@ def check_all(s: Any, keys: list[bytes], size: int) -> None:
     out = s.get_many(keys)
     assert [o is not None for o in out] == [True] * len(keys)
     assert all(bytes(o) == payload_for(k, size) for k, o in zip(keys, out))
+
+
+def wait_for(cond: Any, timeout: float = 20.0) -> bool:
+    """Poll ``cond()`` every 50 ms until it is true (True) or ``timeout`` seconds pass (False): for what a store's
+    background threads (the catch-up, the writers) do in their own time."""
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
 
 
 def wait_pool_empty(store: Any, timeout: float = 3.0) -> None:
