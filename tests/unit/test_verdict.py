@@ -92,14 +92,14 @@ def test_bad_input_is_refused_with_the_rule(a, b, msg):
 
 # -- how the noise compares with what the tiers give directly -----------------------------------------------------------
 def test_the_direct_read_effect_is_the_saved_load_time_over_the_summed_ttft():
-    from kvstream.benchmarks.verdict import read_effect_bound
+    from kvstream.benchmarks.verdict import direct_read_effect
 
     # 8 s of loads at 2.8 GB/s; at 3.7 GB/s they take 8 * 2.8 / 3.7 s: 1.95 s saved of 48 x 0.8 s of TTFT.
-    e = read_effect_bound(load_busy_s=8.0, ttft_sum_s=48 * 0.8, bound_slow_gbps=2.8, bound_fast_gbps=3.7)
+    e = direct_read_effect(load_busy_s=8.0, ttft_sum_s=48 * 0.8, bound_slow_gbps=2.8, bound_fast_gbps=3.7)
     assert e == pytest.approx(8.0 * (1 - 2.8 / 3.7) / 38.4)
     # no faster bound, or nothing loaded: nothing to gain
-    assert read_effect_bound(load_busy_s=8.0, ttft_sum_s=38.4, bound_slow_gbps=3.7, bound_fast_gbps=3.7) == 0.0
-    assert read_effect_bound(load_busy_s=0.0, ttft_sum_s=38.4, bound_slow_gbps=2.8, bound_fast_gbps=3.7) == 0.0
+    assert direct_read_effect(load_busy_s=8.0, ttft_sum_s=38.4, bound_slow_gbps=3.7, bound_fast_gbps=3.7) == 0.0
+    assert direct_read_effect(load_busy_s=0.0, ttft_sum_s=38.4, bound_slow_gbps=2.8, bound_fast_gbps=3.7) == 0.0
 
 
 def test_an_effect_below_the_noise_is_not_resolvable_and_more_rounds_are_named():

@@ -27,7 +27,7 @@ import math
 
 import numpy as np
 
-__all__ = ["RatioInterval", "ratio_interval", "verdict", "VERDICTS", "Resolution", "read_effect_bound", "resolution"]
+__all__ = ["RatioInterval", "ratio_interval", "verdict", "VERDICTS", "Resolution", "direct_read_effect", "resolution"]
 
 VERDICTS = ("ahead", "level", "behind")
 
@@ -138,7 +138,7 @@ def ratio_interval(a: Sequence[Sequence[float]], b: Sequence[Sequence[float]], *
 class Resolution:
     """How a pair's noise compares with the first-order effect of its tiers.
 
-    ``effect``: the share of B's TTFT that A's faster reads would remove directly (:func:`read_effect_bound`);
+    ``effect``: the share of B's TTFT that A's faster reads would remove directly (:func:`direct_read_effect`);
     ``half_width``: half the 95 % interval's width on the log scale, as a share (about the smallest effect this
     run tells from noise); ``rounds_to_resolve``: about how many rounds would narrow the interval to the effect
     (it shrinks as one over the square root of the rounds), None when the effect is zero; ``resolvable``:
@@ -158,8 +158,8 @@ class Resolution:
                 "rounds_to_resolve": self.rounds_to_resolve, "resolvable": self.resolvable}
 
 
-def read_effect_bound(*, load_busy_s: float, ttft_sum_s: float, bound_slow_gbps: float,
-                      bound_fast_gbps: float) -> float:
+def direct_read_effect(*, load_busy_s: float, ttft_sum_s: float, bound_slow_gbps: float,
+                       bound_fast_gbps: float) -> float:
     """The share of a system's summed TTFT that reading at ``bound_fast_gbps`` instead of ``bound_slow_gbps``
     removes directly: its loads read for ``load_busy_s``; at the faster bound the same bytes take
     ``load_busy_s * slow / fast``, each saved second counted once, off one request's TTFT.
@@ -172,7 +172,7 @@ def read_effect_bound(*, load_busy_s: float, ttft_sum_s: float, bound_slow_gbps:
 
 
 def resolution(interval: RatioInterval, effect: float) -> Resolution:
-    """Compare ``effect`` (a share of TTFT, :func:`read_effect_bound`) with the noise of ``interval``."""
+    """Compare ``effect`` (a share of TTFT, :func:`direct_read_effect`) with the noise of ``interval``."""
     if not (math.isfinite(interval.low) and math.isfinite(interval.high) and interval.low > 0):
         return Resolution(effect=effect, half_width=math.inf, rounds=interval.rounds, rounds_to_resolve=None,
                           resolvable=False)

@@ -643,9 +643,9 @@ def compare_systems(runs: dict[str, list[dict[str, Any]]], names: list[str]) -> 
 
 def read_effect(runs_a: list[dict[str, Any]], runs_b: list[dict[str, Any]]) -> float | None:
     """The median over rounds of the share of B's TTFT that A's larger read bound removes directly, first order
-    (:func:`kvstream.benchmarks.verdict.read_effect_bound`), or None when A reads no faster than B (the same
+    (:func:`kvstream.benchmarks.verdict.direct_read_effect`), or None when A reads no faster than B (the same
     tiers: the pair differs in scheduling, which this does not bound)."""
-    from kvstream.benchmarks.verdict import read_effect_bound
+    from kvstream.benchmarks.verdict import direct_read_effect
 
     shares = []
     for ra, rb in zip(runs_a, runs_b):
@@ -653,9 +653,9 @@ def read_effect(runs_a: list[dict[str, Any]], runs_b: list[dict[str, Any]]) -> f
         fast, slow = float(sa.get("load_bound_gbps") or 0.0), float(sb.get("load_bound_gbps") or 0.0)
         if not fast > slow * 1.05:
             return None
-        shares.append(read_effect_bound(load_busy_s=float(sb.get("load_busy_s") or 0.0),
-                                        ttft_sum_s=float(sb["ttft_mean_s"]) * float(sb["completed"]),
-                                        bound_slow_gbps=slow, bound_fast_gbps=fast))
+        shares.append(direct_read_effect(load_busy_s=float(sb.get("load_busy_s") or 0.0),
+                                         ttft_sum_s=float(sb["ttft_mean_s"]) * float(sb["completed"]),
+                                         bound_slow_gbps=slow, bound_fast_gbps=fast))
     return float(statistics.median(shares)) if shares else None
 
 
