@@ -193,10 +193,12 @@ def kill_pids(pids: Sequence[int], *, grace_s: float = 3.0) -> None:
 
 
 def _alive(pid: int) -> bool:
+    """Whether ``pid`` is a live (not zombie) process. A process can be reaped between the open and the read of
+    its stat file, and the read then raises ESRCH (ProcessLookupError), so every OSError means gone."""
     try:
         with open(f"/proc/{pid}/stat") as f:
             return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except (FileNotFoundError, IndexError):
+    except (OSError, IndexError):
         return False
 
 
