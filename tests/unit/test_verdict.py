@@ -137,3 +137,16 @@ def test_replay_gives_the_read_effect_only_for_pairs_whose_read_bounds_differ():
     ttft_sum = [r["summary"]["ttft_mean_s"] * 20 for r in one]
     expect = sorted(8.0 * (1 - 2.8 / 3.7) / t for t in ttft_sum)[1]
     assert res["effect"] == pytest.approx(expect)
+
+
+def test_the_table_caps_the_noise_and_rounds_two_rounds_can_blow_up():
+    from kvstream.commands.replay import _resolution_text
+
+    # The demo's own figures (2 rounds): an interval of 0.031-36.8 and an extrapolation to a million rounds.
+    wild = {"effect": 0.047, "half_width": 33.607, "rounds": 2, "rounds_to_resolve": 1032739, "resolvable": False}
+    assert _resolution_text(wild) == "4.7 % < ±>1000 % (>200 rounds)"
+    usual = {"effect": 0.052, "half_width": 0.15, "rounds": 5, "rounds_to_resolve": 42, "resolvable": False}
+    assert _resolution_text(usual) == "5.2 % < ±15.0 % (~42 rounds)"
+    clear = {"effect": 0.3, "half_width": 0.1, "rounds": 5, "rounds_to_resolve": 1, "resolvable": True}
+    assert _resolution_text(clear) == "30.0 % > ±10.0 %"
+    assert _resolution_text(None) == "-"

@@ -1084,12 +1084,27 @@ def _plot(results: list[dict[str, Any]], png: Path, emulated: bool) -> None:
     plt.close(fig)
 
 
+_ROUNDS_HINT_MAX = 200  # past this the extrapolation from a few rounds says only "far more than can be run"
+_NOISE_SHOWN_MAX = 10.0  # ±1000 %: an interval this wide (two rounds of a noisy pair) has no useful width
+
+
 def _resolution_text(r: dict[str, Any] | None) -> str:
+    """The table's ``read effect / noise`` cell. The JSON keeps the exact figures; the cell caps the two that
+    two rounds can blow up (a bootstrap interval over two rounds can span 0.03-37, and the rounds it would take
+    then extrapolate to millions), so the table never prints a figure with no meaning."""
     if not r:
         return "-"
     cmp = ">" if r["resolvable"] else "<"
-    tail = "" if r["resolvable"] or r["rounds_to_resolve"] is None else f" (~{r['rounds_to_resolve']} rounds)"
-    return f"{100 * r['effect']:.1f} % {cmp} ±{100 * r['half_width']:.1f} %{tail}"
+    hw = r["half_width"]
+    noise = f"±{100 * hw:.1f} %" if hw <= _NOISE_SHOWN_MAX else f"±>{100 * _NOISE_SHOWN_MAX:.0f} %"
+    need = r["rounds_to_resolve"]
+    if r["resolvable"] or need is None:
+        tail = ""
+    elif need <= _ROUNDS_HINT_MAX:
+        tail = f" (~{need} rounds)"
+    else:
+        tail = f" (>{_ROUNDS_HINT_MAX} rounds)"
+    return f"{100 * r['effect']:.1f} % {cmp} {noise}{tail}"
 
 
 def _verdict_text(v: str) -> str:
