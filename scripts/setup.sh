@@ -14,6 +14,17 @@ if [ "$what" != dfs ] && [ ! -x .venv/bin/python ]; then
   .venv/bin/python -m pip install -q --upgrade pip
 fi
 pip() { .venv/bin/python -m pip "$@"; }
+# A second run with nothing changed skips pip (its editable reinstall alone took 25 s, a twelfth of `make demo`'s
+# budget): the stamp names this checkout, the interpreter and every file that decides what gets installed.
+stamp=".venv/.kvstream-setup-$what"
+stamp_key() {
+  { pwd; .venv/bin/python -c 'import sys; print(sys.version)'; cat pyproject.toml scripts/setup.sh scripts/lmcache_pins.py; } \
+    | sha256sum | cut -d' ' -f1
+}
+if [ "$what" != dfs ] && [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$(stamp_key)" ] \
+   && .venv/bin/python -c 'import kvstream' 2>/dev/null; then
+  exit 0
+fi
 case "$what" in
   main)
     pip install -q -e '.[study,plot]'
@@ -72,3 +83,6 @@ case "$what" in
     exit 2
     ;;
 esac
+if [ "$what" != dfs ]; then
+  stamp_key > "$stamp"
+fi

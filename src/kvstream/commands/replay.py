@@ -56,6 +56,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Required, TypedDict
 
+from kvstream.commands._folder_removal import FolderRemoval
 from kvstream.errors import NothingMeasuredError, UsageError
 
 if TYPE_CHECKING:
@@ -307,7 +308,10 @@ class _LoadProbe:
 
 def _run_one(name: str, reqs: list[Request], tiers: list[tuple[str, Path]], args: argparse.Namespace, *,
              emulated: bool, progress: Progress | None, cost: CostModel, measured: dict[str, dict[str, float]],
-             label: str | None = None) -> dict[str, Any]:
+             removal: FolderRemoval, label: str | None = None) -> dict[str, Any]:
+    """One system's run on fresh tier folders. The previous run's folders may still be being deleted while this
+    one opens its store and makes its host memory resident; the run waits for that before its clock starts, and
+    hands its own folders to ``removal`` when it ends (:mod:`kvstream.commands._folder_removal`)."""
     from kvstream.config import parse_size
     from kvstream.io import make_engine
     from kvstream.serving.core import ServingCore
@@ -347,6 +351,7 @@ def _run_one(name: str, reqs: list[Request], tiers: list[tuple[str, Path]], args
     # prefault_memory): otherwise the run's largest load pays for first touching fresh memory.
     store.prefault_memory(chunk_bytes)
     probe = _LoadProbe(store)
+    removal.wait()  # the previous run's folders are gone: their deletion never overlaps this run's clock
     compute = None
     if sysd.get("compute"):
         from kvstream.compute import ComputePolicy
@@ -384,10 +389,9 @@ def _run_one(name: str, reqs: list[Request], tiers: list[tuple[str, Path]], args
     finally:
         backend.close()
         store.close()
+        wall = time.perf_counter() - t0
         if not args.keep:
-            for d in run_dirs:
-                shutil.rmtree(d, ignore_errors=True)
-    wall = time.perf_counter() - t0
+            removal.start(run_dirs)
     core.metrics.storage = {"write_amplification": stats.write_amplification,
                             **{f"read_bytes_{k}": v.read_bytes for k, v in stats.tiers.items()},
                             **{f"write_bytes_{k}": v.write_bytes for k, v in stats.tiers.items()},
@@ -501,6 +505,7 @@ def run_replay(args: argparse.Namespace) -> dict[str, Any]:
     rounds: list[dict[str, Any]] = []
     runs: dict[str, list[dict[str, Any]]] = {n: [] for n in names}
     report_cc = None
+    removal = FolderRemoval()
     try:
         if emulated and args.emulate_gbps is None:
             # The emulated tier's bandwidth follows the local tier's, at the papers' ratio (EMULATE_RATIO).
@@ -523,6 +528,7 @@ def run_replay(args: argparse.Namespace) -> dict[str, Any]:
                 # through the store) and runs every system once, the order rotated so that no system always runs
                 # first, or right after the same neighbour.
                 order = names[rnd % len(names):] + names[:rnd % len(names)]
+                removal.wait()  # the probes measure the devices: nothing else may be using them
                 load = MachineLoad().start()
                 measured = _measure_tiers(tiers, args, cost, emulated, mixed=args.crosscheck)
                 print(f"replay: round {rnd + 1}/{args.rounds}: measured read bandwidth, each tier alone: " + ", ".join(
@@ -530,15 +536,17 @@ def run_replay(args: argparse.Namespace) -> dict[str, Any]:
                     + f" (bound of both: {sum(v['read_bw'] for v in measured.values()) / 1e9:.2f} GB/s)", file=sys.stderr)
                 for n in order:
                     r = _run_one(n, reqs, tiers, args, emulated=emulated, progress=progress, cost=cost,
-                                 measured=measured, label=f"{n} r{rnd + 1}" if args.rounds > 1 else n)
+                                 measured=measured, removal=removal, label=f"{n} r{rnd + 1}" if args.rounds > 1 else n)
                     r["round"] = rnd
                     runs[n].append(r)
                 rounds.append({"round": rnd, "order": order, "measured_read_gbps": {
                     k: v["read_bw"] / 1e9 for k, v in measured.items()}, "machine": load.stop()})
         if args.crosscheck and runs.get("kvstream-only"):
+            removal.wait()
             last = runs["kvstream-only"][-1]
             report_cc = _crosscheck(reqs, [last], args, cost, emulated, measured)
     finally:
+        removal.wait()
         if shm_dir is not None:
             shutil.rmtree(shm_dir, ignore_errors=True)
             shm_dir.with_name(shm_dir.name + ".pid").unlink(missing_ok=True)

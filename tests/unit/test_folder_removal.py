@@ -1,0 +1,75 @@
+"""The replay's background removal of a finished run's tier folders (kvstream.commands._folder_removal): the
+folders go, a name can be reused at once, and nothing measured starts before the removal has finished."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import pytest
+
+from kvstream.commands import _folder_removal
+from kvstream.commands._folder_removal import FolderRemoval
+
+
+def _fill(d: Path, n: int = 3) -> None:
+    (d / "chunks" / "ab").mkdir(parents=True)
+    for i in range(n):
+        (d / "chunks" / "ab" / f"{i}.kvc").write_bytes(b"x" * 4096)
+
+
+def test_folders_are_gone_after_wait_and_the_name_is_free_at_once(tmp_path: Path) -> None:
+    a, b = tmp_path / "replay-kvstream", tmp_path / "replay-lmcache-like"
+    _fill(a)
+    _fill(b)
+    removal = FolderRemoval()
+    aside = removal.start([a, b, tmp_path / "never-made"])
+    # renamed aside before start returns: a run that reuses the name makes a fresh folder, never one being deleted
+    assert not a.exists() and not b.exists() and len(aside) == 2
+    a.mkdir()
+    (a / "new").write_bytes(b"new run")
+    removal.wait()
+    assert not any(p.exists() for p in aside)
+    assert (a / "new").read_bytes() == b"new run"  # the new run's folder of the same name was not touched
+
+
+def test_wait_blocks_until_the_removal_has_finished(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The guarantee the replay's measurements rest on: wait() returns only after the deletion is over (here the
+    rmtree is held until the test lets it go: wait must not return before)."""
+    gate = threading.Event()
+    entered = threading.Event()
+    real = _folder_removal.shutil.rmtree
+
+    def slow_rmtree(path: Path, ignore_errors: bool = False) -> None:
+        entered.set()
+        assert gate.wait(10)
+        real(path, ignore_errors=ignore_errors)
+
+    monkeypatch.setattr(_folder_removal.shutil, "rmtree", slow_rmtree)
+    d = tmp_path / "replay-kvstream"
+    _fill(d)
+    removal = FolderRemoval()
+    aside = removal.start([d])
+    assert entered.wait(10)
+    done = threading.Event()
+    waiter = threading.Thread(target=lambda: (removal.wait(), done.set()))
+    waiter.start()
+    assert not done.wait(0.3)  # still deleting: wait() has not returned
+    assert aside[0].exists()
+    gate.set()
+    assert done.wait(10)
+    waiter.join()
+    assert not aside[0].exists()
+
+
+def test_a_second_start_waits_for_the_first(tmp_path: Path) -> None:
+    removal = FolderRemoval()
+    first, second = tmp_path / "one", tmp_path / "two"
+    _fill(first)
+    _fill(second)
+    a1 = removal.start([first])
+    a2 = removal.start([second])
+    assert not any(p.exists() for p in a1)  # the first was finished before the second began
+    removal.wait()
+    assert not any(p.exists() for p in a2)
+    removal.wait()  # nothing in flight: returns at once
