@@ -37,9 +37,18 @@ def test_replay_runs_systems_side_by_side(tmp_path, capsys):
             measured = rep["rounds"][k]["measured_read_gbps"]
             assert s["load_bound_gbps"] == pytest.approx(sum(measured[t] for t in tiers))
             assert s["load_gbps"] >= 0 and (s["load_of_bound"] == pytest.approx(s["load_gbps"] / s["load_bound_gbps"]))
+            # and against the bound under the run's own write load: between each tier's rate beside its writes
+            # (the round's mixed probe) and alone, summed over the system's tiers
+            mixed = rep["rounds"][k]["mixed_read_gbps"]
+            if s["loads_from_disk"]:
+                lo, hi = sum(min(mixed[t], measured[t]) for t in tiers), sum(max(mixed[t], measured[t]) for t in tiers)
+                assert lo * 0.999 <= s["load_bound_in_run_gbps"] <= hi * 1.001
+                assert s["load_of_bound_in_run"] == pytest.approx(s["load_gbps"] / s["load_bound_in_run_gbps"])
+                assert 0.0 <= s["load_bytes_beside_writes"] <= 1.0
         # the row is the median over the rounds
         means = sorted(run["summary"]["ttft_mean_s"] for run in r["rounds"])
         assert r["summary"]["ttft_mean_s"] == pytest.approx(sum(means) / 2)
+    assert any(run["summary"]["loads_from_disk"] for r in rep["results"] for run in r["rounds"])  # bounds checked
     # one verdict per pair, for the mean and the P99, with an interval around the measured ratio
     (v,) = rep["verdicts"]
     assert (v["system"], v["against"]) == ("kvstream", "lmcache-like")
