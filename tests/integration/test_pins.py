@@ -171,7 +171,12 @@ def test_concurrent_pinners_never_lose_a_pinned_chunk(disk_tmp, eviction):
                   [threading.Thread(target=pinner, args=(n,)) for n in range(3)]
         for t in threads:
             t.start()
+        # At least 2 s of churn, and on until the tier has evicted more than 50 chunks (up to 60 s): a fixed 2 s
+        # window gave 35 evictions on a loaded CI machine, and the test then failed its own precondition below.
         time.sleep(2.0)
+        deadline = time.monotonic() + 60.0
+        while s.tiers[0].counters.evicted_chunks <= 50 and time.monotonic() < deadline and not errors:
+            time.sleep(0.05)
         stop.set()
         for t in threads:
             t.join(10)
