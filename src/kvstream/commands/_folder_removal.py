@@ -30,7 +30,6 @@ class FolderRemoval:
 
     def __init__(self) -> None:
         self._thread: threading.Thread | None = None
-        self.seconds = 0.0  # total time the removals took (reported by nothing; for tests and profiling)
 
     def start(self, folders: Iterable[Path]) -> list[Path]:
         """Rename each existing folder aside and delete the renamed folders in a background thread. Returns the
@@ -53,13 +52,10 @@ class FolderRemoval:
             self._thread.start()
         return aside
 
-    def _remove(self, folders: list[Path]) -> None:
-        import time
-
-        t0 = time.perf_counter()
+    @staticmethod
+    def _remove(folders: list[Path]) -> None:
         for d in folders:
             shutil.rmtree(d, ignore_errors=True)
-        self.seconds += time.perf_counter() - t0
 
     def wait(self) -> None:
         """Return when the removal in flight (if any) has finished."""

@@ -542,8 +542,8 @@ def run_replay(args: argparse.Namespace) -> dict[str, Any]:
                 print(f"replay: round {rnd + 1}/{args.rounds}: measured read bandwidth, each tier alone: " + ", ".join(
                     f"{k} {v['read_bw'] / 1e9:.2f} GB/s" for k, v in measured.items())
                     + f" (bound of both: {sum(v['read_bw'] for v in measured.values()) / 1e9:.2f} GB/s); beside a burst "
-                    "of its own writes: " + ", ".join(f"{k} {v['mixed_read_bw'] / 1e9:.2f} GB/s" for k, v in measured.items()
-                                                      if "mixed_read_bw" in v), file=sys.stderr)
+                    "of its own writes: " + ", ".join(f"{k} {v['mixed_read_bw'] / 1e9:.2f} GB/s" for k, v in measured.items()),
+                    file=sys.stderr)
                 for n in order:
                     r = _run_one(n, reqs, tiers, args, emulated=emulated, progress=progress, cost=cost,
                                  measured=measured, removal=removal, label=f"{n} r{rnd + 1}" if args.rounds > 1 else n)
@@ -551,7 +551,7 @@ def run_replay(args: argparse.Namespace) -> dict[str, Any]:
                     runs[n].append(r)
                 rounds.append({"round": rnd, "order": order, "measured_read_gbps": {
                     k: v["read_bw"] / 1e9 for k, v in measured.items()}, "mixed_read_gbps": {
-                    k: v["mixed_read_bw"] / 1e9 for k, v in measured.items() if "mixed_read_bw" in v},
+                    k: v["mixed_read_bw"] / 1e9 for k, v in measured.items()},
                     "machine": load.stop()})
         if args.crosscheck and runs.get("kvstream-only"):
             removal.wait()
@@ -586,7 +586,7 @@ def run_replay(args: argparse.Namespace) -> dict[str, Any]:
         "measured_read_gbps": {k: statistics.median(r["measured_read_gbps"][k] for r in rounds)
                                for k in (rounds[0]["measured_read_gbps"] if rounds else {})},
         "mixed_read_gbps": {k: statistics.median(r["mixed_read_gbps"][k] for r in rounds)
-                            for k in (rounds[0].get("mixed_read_gbps", {}) if rounds else {})},
+                            for k in (rounds[0]["mixed_read_gbps"] if rounds else {})},
         "rounds": rounds,
         "verdicts": verdicts,
         "results": [{k: v for k, v in r.items() if k not in _BULKY} for r in results],
@@ -904,18 +904,17 @@ def in_run_bound(loads: list[dict[str, Any]], tiers: list[dict[str, float]]) -> 
     writing can give. On this VM the local disk read 0.23-0.35 GB/s under a 0.25 GB/s write stream against 1.1-1.9
     alone (BENCHMARKS §3.1), and issue 20 asks for the loads against the bound measured under the same conditions.
     The serving thread's CPU is not in it (``bench/serving_bound.py`` measures that)."""
+    if any("mixed_read_bw" not in t for t in tiers):
+        return math.nan, math.nan
     total = bound_time = beside = 0.0
     for lo in loads:
-        dur = float(lo.get("s") or 0.0)
         bytes_k = [float(b) for b in lo["bytes"]][: len(tiers)]
         nbytes = sum(bytes_k)
-        if nbytes <= 0 or dur <= 0:
+        if nbytes <= 0 or float(lo.get("s") or 0.0) <= 0:
             continue
         rate = 0.0
         for k, t in enumerate(tiers):
-            if "mixed_read_bw" not in t:
-                return math.nan, math.nan
-            f = min(max(float(lo.get("write_s", [0.0] * len(tiers))[k]) / dur, 0.0), 1.0)
+            f = _write_share(lo, k)
             rate += f * t["mixed_read_bw"] + (1.0 - f) * t["read_bw"]
             beside += f * bytes_k[k] if k < len(bytes_k) else 0.0
         total += nbytes
@@ -923,6 +922,17 @@ def in_run_bound(loads: list[dict[str, Any]], tiers: list[dict[str, float]]) -> 
     if total <= 0 or bound_time <= 0:
         return math.nan, math.nan
     return total / bound_time / 1e9, beside / total
+
+
+def _write_share(load: dict[str, Any], k: int) -> float:
+    """The share of a load's time (``s``) tier ``k`` had copies being written (``write_s``, :class:`_LoadProbe`),
+    within [0, 1] (a stretch counted from before the load can exceed it); 0 for a load recorded without
+    ``write_s`` or with no duration. What :func:`in_run_bound` and :func:`device_as_seen` weigh each load by."""
+    dur = float(load["s"])
+    written = load.get("write_s")
+    if dur <= 0 or written is None:
+        return 0.0
+    return min(max(float(written[k]) / dur, 0.0), 1.0)
 
 
 def device_as_seen(loads: list[dict[str, Any]], k: int) -> dict[str, float] | None:
@@ -940,8 +950,7 @@ def device_as_seen(loads: list[dict[str, Any]], k: int) -> dict[str, float] | No
     tier read 2-3 % of its bytes beside its writes, the emulated tier about 40 %; BENCHMARKS §3.2)."""
     import numpy as np
 
-    rows = [(float(lo["bytes"][k]), float(lo["busy_s"][k]),
-             min(max(float(lo.get("write_s", [0.0] * (k + 1))[k]) / float(lo["s"]), 0.0), 1.0) if lo["s"] > 0 else 0.0)
+    rows = [(float(lo["bytes"][k]), float(lo["busy_s"][k]), _write_share(lo, k))
             for lo in loads if lo["bytes"][k] > 0 and lo["busy_s"][k] > 0]
     if not rows:
         return None
@@ -1240,7 +1249,7 @@ def _run(args: argparse.Namespace) -> int:
                   f"{k} {v:.2f}" for k, v in rep["measured_read_gbps"].items()) + " GB/s); in-run bound: the same "
               "loads' best under the run's own write load (each load's share of time beside each tier's writes, "
               "and each tier's read rate beside a burst of its writes, probed each round: " + ", ".join(
-                  f"{k} {v:.2f}" for k, v in (rep.get("mixed_read_gbps") or {}).items()) + " GB/s)")
+                  f"{k} {v:.2f}" for k, v in rep["mixed_read_gbps"].items()) + " GB/s)")
     for n in rep["notes"]:
         con.print(f"[yellow]note:[/] {n}")
     if "crosscheck" in rep:
