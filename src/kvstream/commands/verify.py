@@ -134,6 +134,34 @@ class _Context:
     live_writers: dict[str, str] = field(default_factory=dict)  # uid-token -> uid of every live lease
 
 
+# A listed index file that a live node's compaction replaced (rename over it) or deleted may answer ENOENT
+# (ESTALE on a network file system) between our listing and our open; on GlusterFS a rename seen from another
+# client can do so until that client's cached name lookup expires (FUSE entry timeout, 1 s by default for
+# glusterfs) even though the name exists again. Seen in the two-node soak: a snapshot reported "unreadable:
+# No such file or directory" by a verify that ran right after the last store's closing compaction. The pauses
+# outlast two entry timeouts; they are paid only when a listed file does not open.
+_VANISHED = (errno.ENOENT, errno.ESTALE)
+_RELOOK_S = (0.1, 0.4, 1.0, 1.5)
+
+
+def _read_listed(path: Path) -> bytes | None:
+    """The bytes of an index file our listing named, or None if it is gone: a live compaction's rename or
+    delete, not damage. A name that still resolves but will not read is raised, so it is reported."""
+    for pause in _RELOOK_S:
+        try:
+            return path.read_bytes()
+        except OSError as exc:
+            if exc.errno not in _VANISHED:
+                raise
+        time.sleep(pause)
+    try:
+        return path.read_bytes()
+    except OSError as exc:
+        if exc.errno not in _VANISHED or path.name in os.listdir(path.parent):
+            raise  # listed yet unreadable every time we looked: say so
+        return None
+
+
 def _scan(root: Path) -> tuple[TierReport, dict[str, Path], dict[bytes, int], _Context]:
     """One read-only pass. Returns the report, valid chunk files by key hex, the index's live set and what a
     repair needs to leave live nodes' work alone."""
@@ -158,7 +186,10 @@ def _scan(root: Path) -> tuple[TierReport, dict[str, Path], dict[bytes, int], _C
         for entry in sorted(os.scandir(idx_dir), key=lambda e: e.name):
             if entry.name == "snapshot.idx" or entry.name.endswith(SNAPSHOT_SUFFIX):
                 try:
-                    _parse_snapshot(Path(entry.path).read_bytes(), entry.name)
+                    data = _read_listed(Path(entry.path))
+                    if data is None:
+                        continue  # replaced or deleted by a live compaction since the listing: not damage
+                    _parse_snapshot(data, entry.name)
                 except (ValueError, OSError) as exc:
                     why = str(exc).split(": ", 1)[-1] if isinstance(exc, ValueError) else f"unreadable: {exc.strerror}"
                     add(Finding("error", "index", f"index/{entry.name}", why))
