@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Create .venv (if needed) and install kvstream with the extras a task needs.
-#   scripts/setup.sh main   core + plots + study (what `kvstream replay` and the studies need)
+#   scripts/setup.sh main   core + plots (what `kvstream replay` needs; `kvstream study reuse` also needs [study])
 #   scripts/setup.sh test   everything the test suite needs: + pytest/hypothesis, torch 2.13.0 (CPU), LMCache 0.5.6,
 #                           and .venv-lmcache-pins: .venv with LMCache 0.5.6's pinned numpy/prometheus_client
 #   scripts/setup.sh dfs    (root) GlusterFS, Ceph and xfsprogs from apt for the root suites, if missing
@@ -27,7 +27,7 @@ if [ "$what" != dfs ] && [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$(stamp_key)"
 fi
 case "$what" in
   main)
-    pip install -q -e '.[study,plot]'
+    pip install -q -e '.[plot]'  # scipy ([study]) added 9 s to make demo's install, for one study only
     ;;
   test)
     # torch first, pinned: LMCache's native modules are built against exactly this release, and this

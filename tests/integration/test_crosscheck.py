@@ -7,11 +7,11 @@ from __future__ import annotations
 import argparse
 import math
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 
-from kvstream.commands.replay import (_crosscheck, _LoadProbe, _measure_tiers, crosscheck_lines, crosscheck_system,
+from kvstream.commands._tier_probe import EMULATE_RATIO, measure_tiers
+from kvstream.commands.replay import (_crosscheck, _LoadProbe, crosscheck_lines, crosscheck_system,
                                      device_as_seen,
                                       read_breakdown)
 from kvstream.config import StoreConfig, TierConfig
@@ -346,12 +346,28 @@ def test_load_probe_records_the_tiers_busy_time_of_disk_reads_only(tmp_path: Pat
 
 
 def test_mixed_probe_reports_reads_and_writes_beside_each_other(tmp_path: Path):
-    cost = SimpleNamespace(model=SimpleNamespace(chunk_bytes=lambda: MB))
     args = argparse.Namespace(emulate_gbps=0.4)
-    out = _measure_tiers([("local", tmp_path / "l")], args, cost, False, n=8, mixed=True)
+    out = measure_tiers([("local", tmp_path / "l")], args, MB, False, n=8, mixed=True)
     m = out["local"]
-    assert set(m) == {"read_bw", "write_bw", "mixed_read_bw", "mixed_write_bw"}
+    assert set(m) == {"read_bw", "write_bw", "mixed_read_bw", "mixed_write_bw"}  # one tier: nothing joint
     assert all(v > 0 for v in m.values())
+    assert not (tmp_path / "l" / "replay-probe").exists()
+
+
+def test_the_joint_probe_reads_every_tier_at_once_and_sets_the_emulated_rate(tmp_path: Path):
+    # Two tiers, the second emulated at the first's read rate over EMULATE_RATIO (set by the probe itself, as
+    # round 1 of a replay does): every tier also gets its rate while all are read at once; the throttled tier
+    # cannot read faster at once than its throttle.
+    told = []
+    args = argparse.Namespace(emulate_gbps=None)
+    out = measure_tiers([("local", tmp_path / "l"), ("shared", tmp_path / "s")], args, MB, True, n=8,
+                        on_emulated=lambda local, gbps: told.append((local, gbps)))
+    assert told and told[0][1] == args.emulate_gbps == pytest.approx(out["local"]["read_bw"] / EMULATE_RATIO / 1e9,
+                                                                      rel=0.01)
+    for m in out.values():
+        assert "joint_read_bw" in m and all(v > 0 for v in m.values())
+    assert out["shared"]["joint_read_bw"] <= args.emulate_gbps * 1e9 * 1.25
+    assert not (tmp_path / "s" / "replay-probe").exists()
 
 
 def test_the_write_probe_measures_the_tier_not_the_puts(tmp_path: Path, monkeypatch):
@@ -369,7 +385,6 @@ def test_the_write_probe_measures_the_tier_not_the_puts(tmp_path: Path, monkeypa
         return put(self, *a, **kw)
 
     monkeypatch.setattr(Store, "put", slow_put)
-    cost = SimpleNamespace(model=SimpleNamespace(chunk_bytes=lambda: MB))
     args = argparse.Namespace(emulate_gbps=0.4)
-    m = _measure_tiers([("local", tmp_path / "l")], args, cost, False, n=8, mixed=False)["local"]
+    m = measure_tiers([("local", tmp_path / "l")], args, MB, False, n=8, mixed=False)["local"]
     assert m["write_bw"] > 3 * (8 * MB / 0.4)

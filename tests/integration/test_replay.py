@@ -7,6 +7,7 @@ import json
 import pytest
 
 from kvstream.cli import build_parser
+from kvstream.commands.replay import tier_rates
 
 
 def _args(tmp_path, *extra):
@@ -32,16 +33,24 @@ def test_replay_runs_systems_side_by_side(tmp_path, capsys):
             assert s["completed"] == 8
             # --speed 4: every time is on the compressed clock (a TTFT or queueing time is never negative)
             assert s["ttft_mean_s"] > 0 and s["ttft_p50_s"] > 0 and s["queue_mean_s"] >= 0
-            # per-load GB/s beside the bound of the same round: the sum of the measured bandwidths of its tiers
+            # per-load GB/s beside the bound of the same round: its tiers' bandwidths as the round's probe measured
+            # them; two tiers read at once (the probe's joint window: the emulated tier's reads share the CPUs),
+            # which is never above the two read alone
             tiers = ("local", "shared") if r["system"] == "kvstream" else ("local",)
-            measured = rep["rounds"][k]["measured_read_gbps"]
-            assert s["load_bound_gbps"] == pytest.approx(sum(measured[t] for t in tiers))
+            rd = rep["rounds"][k]
+            measured, mixed, joint = rd["measured_read_gbps"], rd["mixed_read_gbps"], rd["joint_read_gbps"]
+            assert set(joint) == {"local", "shared"} and all(v > 0 for v in joint.values())
+            rates = tier_rates([{"read_bw": measured[t], "mixed_read_bw": mixed[t],
+                                 **({"joint_read_bw": joint[t]} if len(tiers) > 1 else {})} for t in tiers])
+            assert s["load_bound_gbps"] == pytest.approx(sum(q for q, _ in rates))
+            assert s["load_bound_gbps"] <= sum(measured[t] for t in tiers) * 1.0001
+            if len(tiers) == 1:
+                assert s["load_bound_gbps"] == pytest.approx(measured["local"])
             assert s["load_gbps"] >= 0 and (s["load_of_bound"] == pytest.approx(s["load_gbps"] / s["load_bound_gbps"]))
             # and against the bound under the run's own write load: between each tier's rate beside its writes
-            # (the round's mixed probe) and alone, summed over the system's tiers
-            mixed = rep["rounds"][k]["mixed_read_gbps"]
+            # (the round's mixed probe) and quiet, summed over the system's tiers
             if s["loads_from_disk"]:
-                lo, hi = sum(min(mixed[t], measured[t]) for t in tiers), sum(max(mixed[t], measured[t]) for t in tiers)
+                lo, hi = sum(min(q, m) for q, m in rates), sum(max(q, m) for q, m in rates)
                 assert lo * 0.999 <= s["load_bound_in_run_gbps"] <= hi * 1.001
                 assert s["load_of_bound_in_run"] == pytest.approx(s["load_gbps"] / s["load_bound_in_run_gbps"])
                 assert 0.0 <= s["load_bytes_beside_writes"] <= 1.0
@@ -59,6 +68,7 @@ def test_replay_runs_systems_side_by_side(tmp_path, capsys):
     # both tiers under --out share a device: replay says so and labels the emulated shared tier
     assert rep["shared_tier"] == "emulated"
     assert any("SAME device" in n for n in rep["notes"])
+    assert any("emulated tier's bandwidth" in n and "round 1" in n for n in rep["notes"])
     assert (tmp_path / "out" / "replay.png").exists()
     assert not (tmp_path / "out" / "tiers").exists()  # cleaned up
     kv = rep["results"][0]["summary"]

@@ -8,7 +8,7 @@ import math
 
 import pytest
 
-from kvstream.commands.replay import in_run_bound
+from kvstream.commands.replay import in_run_bound, tier_rates
 
 LOCAL = {"read_bw": 2.0e9, "mixed_read_bw": 0.5e9}
 SHARED = {"read_bw": 1.0e9, "mixed_read_bw": 0.8e9}
@@ -55,3 +55,21 @@ def test_nothing_to_say_without_disk_loads_or_without_a_mixed_probe() -> None:
     assert all(math.isnan(v) for v in in_run_bound([], [LOCAL, SHARED]))
     assert all(math.isnan(v) for v in in_run_bound([_load(1.0, [1e9, 1e9], [0.0, 0.0])],
                                                    [{"read_bw": 2e9}, SHARED]))
+
+
+def test_a_multi_tier_system_is_held_to_its_tiers_read_at_once() -> None:
+    # Two tiers that share a device or the CPUs: each reads slower while the other is read (the probe's joint
+    # figures). A two-tier load is held to those, and beside writes to the alone rate scaled by the same share.
+    local = {**LOCAL, "joint_read_bw": 1.5e9}  # keeps 75 %
+    shared = {**SHARED, "joint_read_bw": 0.9e9}  # keeps 90 %
+    assert tier_rates([local, shared]) == [pytest.approx((1.5e9, 0.375e9)), pytest.approx((0.9e9, 0.72e9))]
+    assert in_run_bound([_load(1.0, [1e9, 1e9], [0.0, 0.0])], [local, shared])[0] == pytest.approx(2.4)
+    assert in_run_bound([_load(1.0, [1e9, 1e9], [1.0, 1.0])], [local, shared])[0] == pytest.approx(1.095)
+    # one tier of the same probe: that tier alone (its joint figure is of no use to a one-tier system)
+    assert tier_rates([local]) == [(2.0e9, 0.5e9)]
+    assert in_run_bound([_load(1.0, [1e9], [0.0])], [local])[0] == pytest.approx(2.0)
+    # a probe without joint figures (one of the tiers lacks them): each tier alone
+    assert tier_rates([local, SHARED]) == [(2.0e9, 0.5e9), (1.0e9, 0.8e9)]
+    # a joint figure above the alone one is the probe's noise: capped at the alone figures
+    noisy = {**LOCAL, "joint_read_bw": 2.5e9}
+    assert tier_rates([noisy, shared]) == [pytest.approx((2.0e9, 0.5e9)), pytest.approx((0.9e9, 0.72e9))]

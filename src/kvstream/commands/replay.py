@@ -27,8 +27,8 @@ it. A 48 MiB chunk of Qwen2.5-14B costs 26-41 ms to recompute at 4k-24k tokens o
 class of both papers' testbeds), and 15-17 ms to read at the 2.9-3.3 GB/s this project's VM reads through the
 store (one tier / both): 1.5-2.7x, the range of KVStream's "up to 2.2x". The workload is a coding agent's: 6
 interleaved sessions whose prompts grow from 5k to 14-18k tokens over a shared 2k-token system prompt, short
-tool calls, 88 % of prompt chunks reused, about 11 GiB of KV (five times host memory), loads of hundreds of MB, 48 requests in one minute,
-so the default systems finish in about 6 minutes. Nothing in it is set per system: they share the workload,
+tool calls, 86 % of prompt chunks reused, about 11 GiB of KV (five times host memory), loads of hundreds of MB, 42 requests in 51 s,
+so the default systems' two rounds finish in about 8 minutes. Nothing in it is set per system: they share the workload,
 GPU, memory sizes and tiers. The earlier default, ``--preset agent-small`` (Qwen2.5-1.5B on an H100, 7 MiB
 chunks), stays available: there recomputing a chunk (2-3 ms) costs what reading it does (2.5 ms), disk loads
 were ~15 % of TTFT, and a disk KV cache would not be worth having.
@@ -57,6 +57,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Required, TypedDict
 
 from kvstream.commands._folder_removal import FolderRemoval
+from kvstream.commands._tier_probe import EMULATE_RATIO, measure_tiers
 from kvstream.errors import NothingMeasuredError, UsageError
 
 if TYPE_CHECKING:
@@ -91,7 +92,6 @@ EXTRA_PAIRS = (("kvstream-only", "lmcache-like"),)
 # --emulate-gbps): the ratio of TESTBED.md's recipe (a 1.2 GB/s disk beside a 0.4 GB/s tier) and of the KVStream
 # paper's testbeds (NVMe 2.2x and 3.2x the parallel file system). A fixed 0.4 GB/s beside this VM's 3 GB/s disk
 # offered 13 % more bandwidth, less than the disk's own run-to-run variation.
-EMULATE_RATIO = 3.0
 
 DEFAULT_PRESET = "agent-long"
 # The model, GPU and memory sizes a workload is replayed with, unless --model/--gpu/--tp/--memory/--gpu-kv/
@@ -305,7 +305,8 @@ class _LoadProbe:
                 self.loads.append({"s": dur, "busy_s": [b[0] - a[0] for a, b in zip(c0, c1)],
                                    "bytes": [b[1] - a[1] for a, b in zip(c0, c1)],
                                    "chunks": [b[2] - a[2] for a, b in zip(c0, c1)],
-                                   "write_s": [b[3] - a[3] for a, b in zip(c0, c1)]})
+                                   "write_s": [b[3] - a[3] for a, b in zip(c0, c1)],
+                                   "background": background})
 
 
 def _run_one(name: str, reqs: list[Request], tiers: list[tuple[str, Path]], args: argparse.Namespace, *,
@@ -401,12 +402,12 @@ def _run_one(name: str, reqs: list[Request], tiers: list[tuple[str, Path]], args
                             "computed_chunks": backend.computed_chunks}
     s = summarize(core.metrics, slo_s=args.slo)
     # Per-load read speed against the bound of the same run: disk bytes the loads (blocking and background
-    # alike) brought, over the time a load was reading; the bound is the sum of this system's tiers' read
-    # bandwidths, measured alone through the store before the systems ran (_measure_tiers).
+    # alike) brought, over the time a load was reading; the bound is this system's tiers' read bandwidth,
+    # measured through the store before the systems ran, all of its tiers at once (tier_rates).
     gbps, load_busy, load_bytes = disk_load_gbps(backend.loads)
-    bound = sum(measured[tname]["read_bw"] for tname, _ in use) / 1e9
+    bound = sum(r for r, _ in tier_rates([measured[tname] for tname, _ in use])) / 1e9
     # The same loads against the bound under this run's write load (in_run_bound: each load's write overlap, the
-    # round's probe of each tier beside its writes).
+    # round's probe of the tiers beside their writes).
     bound_run, beside = in_run_bound(probe.loads, [measured[tname] for tname, _ in use])
     s.update({"load_gbps": gbps, "load_busy_s": load_busy, "load_disk_bytes": load_bytes,
               "loads_from_disk": sum(1 for lo in backend.loads if lo.disk_bytes > 0),
@@ -514,14 +515,12 @@ def run_replay(args: argparse.Namespace) -> dict[str, Any]:
     runs: dict[str, list[dict[str, Any]]] = {n: [] for n in names}
     report_cc = None
     removal = FolderRemoval()
+
+    def _note(text: str) -> None:  # in the JSON's notes, and said now
+        notes.append(text)
+        print(f"replay: {text}", file=sys.stderr)
+
     try:
-        if emulated and args.emulate_gbps is None:
-            # The emulated tier's bandwidth follows the local tier's, at the papers' ratio (EMULATE_RATIO).
-            local = _measure_tiers(tiers[:1], args, cost, emulated, mixed=False)[tiers[0][0]]["read_bw"]
-            args.emulate_gbps = round(local / EMULATE_RATIO / 1e9, 3)
-            notes.append(f"The emulated tier's bandwidth, {args.emulate_gbps} GB/s, is the local tier's read "
-                         f"bandwidth measured at the start ({local / 1e9:.2f} GB/s) over {EMULATE_RATIO:g}, the ratio "
-                         "of the papers' testbeds; --emulate-gbps sets it.")
         for note in notes:
             print(f"replay: {note}", file=sys.stderr)
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -538,12 +537,11 @@ def run_replay(args: argparse.Namespace) -> dict[str, Any]:
                 order = names[rnd % len(names):] + names[:rnd % len(names)]
                 removal.wait()  # the probes measure the devices: nothing else may be using them
                 load = MachineLoad().start()
-                measured = _measure_tiers(tiers, args, cost, emulated)  # mixed too: the rows' in-run bound
-                print(f"replay: round {rnd + 1}/{args.rounds}: measured read bandwidth, each tier alone: " + ", ".join(
-                    f"{k} {v['read_bw'] / 1e9:.2f} GB/s" for k, v in measured.items())
-                    + f" (bound of both: {sum(v['read_bw'] for v in measured.values()) / 1e9:.2f} GB/s); beside a burst "
-                    "of its own writes: " + ", ".join(f"{k} {v['mixed_read_bw'] / 1e9:.2f} GB/s" for k, v in measured.items()),
-                    file=sys.stderr)
+                # Mixed and joint too: the rows' in-run bound. Round 1 also sets the emulated tier's bandwidth
+                # from the local tier's read rate unless --emulate-gbps gave it.
+                measured = measure_tiers(tiers, args, cost.model.chunk_bytes(), emulated,
+                                         on_emulated=lambda local, gbps: _note(_emulated_note(local, gbps)))
+                print(f"replay: round {rnd + 1}/{args.rounds}: {_probe_text(measured)}", file=sys.stderr)
                 for n in order:
                     r = _run_one(n, reqs, tiers, args, emulated=emulated, progress=progress, cost=cost,
                                  measured=measured, removal=removal, label=f"{n} r{rnd + 1}" if args.rounds > 1 else n)
@@ -552,6 +550,8 @@ def run_replay(args: argparse.Namespace) -> dict[str, Any]:
                 rounds.append({"round": rnd, "order": order, "measured_read_gbps": {
                     k: v["read_bw"] / 1e9 for k, v in measured.items()}, "mixed_read_gbps": {
                     k: v["mixed_read_bw"] / 1e9 for k, v in measured.items()},
+                    **({"joint_read_gbps": {k: v["joint_read_bw"] / 1e9 for k, v in measured.items()}}
+                       if len(measured) > 1 else {}),
                     "machine": load.stop()})
         if args.crosscheck and runs.get("kvstream-only"):
             removal.wait()
@@ -757,6 +757,26 @@ def disk_warning(results: list[dict[str, Any]], args: argparse.Namespace) -> str
             f"{more} or shrink host memory (--memory) and GPU KV (--gpu-kv)")
 
 
+def _emulated_note(local: float, gbps: float) -> str:
+    return (f"The emulated tier's bandwidth, {gbps} GB/s, is the local tier's read bandwidth measured in round 1 "
+            f"({local / 1e9:.2f} GB/s) over {EMULATE_RATIO:g}, the ratio of the papers' testbeds; --emulate-gbps "
+            "sets it.")
+
+
+def _probe_text(measured: dict[str, dict[str, float]]) -> str:
+    """One round's probe (:func:`~kvstream.commands._tier_probe.measure_tiers`) as one line of text."""
+    def rates(key: str) -> str:
+        return ", ".join(f"{k} {v[key] / 1e9:.2f}" for k, v in measured.items()) + " GB/s"
+
+    text = (f"read bandwidth, each tier alone: {rates('read_bw')}; beside a burst of its own writes: "
+            f"{rates('mixed_read_bw')}")
+    if len(measured) > 1:
+        both = sum(v["joint_read_bw"] for v in measured.values()) / 1e9
+        text += (f"; all at once: {rates('joint_read_bw')} (bound of all: {both:.2f} GB/s, against "
+                 f"{sum(v['read_bw'] for v in measured.values()) / 1e9:.2f} summed alone)")
+    return text
+
+
 def _replication(spec: str, read_bws: list[float]) -> str:
     """A system's replication spec, ``measured`` resolved from its tiers' read bandwidths measured alone in this
     run (:func:`kvstream.replication.partial_fraction`): ``partial:F``, or ``full`` when F reaches 1."""
@@ -768,83 +788,10 @@ def _replication(spec: str, read_bws: list[float]) -> str:
     return "full" if f >= 1.0 else f"partial:{f:.2f}"
 
 
-def _measure_tiers(tiers: list[tuple[str, Path]], args: argparse.Namespace, cost: CostModel, emulated: bool,
-                   n: int | None = None, mixed: bool = True) -> dict[str, dict[str, float]]:
-    """Each tier through the store, alone, independent of the workload: write bandwidth (``n`` chunks put and
-    flushed, bytes over the time the tier was writing them; default: 40, or fewer so that about 768 MiB are
-    written), read bandwidth (read back in one step,
-    host memory dropped; the best of three reads) and, with ``mixed``, read bandwidth while ``n`` more chunks
-    are being written (the read/write interference the replay's deferred writes cause), and the write bandwidth of
-    those writes (flush to drain, the reads beside them)."""
-    from kvstream.io import make_engine
-    from kvstream.io.throttle import ThrottledEngine
-    from kvstream.store import open_store
-
-    chunk = cost.model.chunk_bytes()
-    if n is None:
-        n = max(8, min(40, (768 << 20) // chunk))
-    out: dict[str, dict[str, float]] = {}
-    payload = bytes(chunk)
-    for k, (name, base) in enumerate(tiers):
-        d = base / "replay-probe"
-        shutil.rmtree(d, ignore_errors=True)
-        engine = make_engine("auto")
-        if emulated and k == 1:
-            bw = args.emulate_gbps * 1e9
-            engine = ThrottledEngine(engine, {f"{name}-r": bw, f"{name}-w": bw})
-        cap = (2 * n + 8) * (chunk + (1 << 20))
-        store = open_store({"tiers": [{"name": name, "path": str(d), "capacity_bytes": cap}], "memory_bytes": cap,
-                            "router": f"single:{name}", "replication": "single", "create_dirs": True}, engine=engine)
-        try:
-            keys = [f"probe-{i}".encode() for i in range(n)]
-            t0 = time.perf_counter()
-            for key in keys:
-                store.put(key, payload)
-            store.flush()
-            store.drain(timeout=300)
-            # The device's rate: bytes over the time the tier had copies unfinished (from the flush). The wall
-            # time from the first put also counts the puts, whose fresh host buffers a new store first touches:
-            # on this VM that alone made the figure 0.34 GB/s in one probe and 1.49 in the next.
-            tier_stats = store.stats().tiers[name]
-            write_bw = (tier_stats.write_gbps * 1e9 if tier_stats.write_gbps > 0
-                        else n * chunk / (time.perf_counter() - t0))
-            read_bw = 0.0
-            for _ in range(3):  # the best of three: a bound, not a typical figure
-                store.evict_memory()
-                t0 = time.perf_counter()
-                got = sum(1 for _, c in store.read_chunks(keys) if c is not None)
-                read_bw = max(read_bw, got * chunk / (time.perf_counter() - t0))
-            store.evict_memory()
-            if not mixed:
-                out[name] = {"read_bw": read_bw, "write_bw": write_bw}
-                continue
-
-            # The n more chunks are put first (buffered in host memory) and flushed as the read starts, so the
-            # reads share the tier with the writes' I/O only. (Putting them during the read, as this probe did
-            # before, measured the reads against the puts' copies holding the GIL, not against the device's
-            # writes: 0.38 or 1.06 GB/s for the local disk in two runs, and 0.33 for an emulated tier whose
-            # reads and writes do not interfere at all; the model applies the figure while writes are in flight.)
-            for i in range(n):
-                store.put(f"probe-w{i}".encode(), payload)
-            tw = time.perf_counter()
-            store.flush()
-            t0 = time.perf_counter()
-            got = sum(1 for _, c in store.read_chunks(keys) if c is not None)
-            mixed_bw = got * chunk / (time.perf_counter() - t0)
-            store.drain(timeout=300)
-            mixed_write_bw = n * chunk / (time.perf_counter() - tw)
-            out[name] = {"read_bw": read_bw, "write_bw": write_bw, "mixed_read_bw": mixed_bw,
-                         "mixed_write_bw": mixed_write_bw}
-        finally:
-            store.close()
-            shutil.rmtree(d, ignore_errors=True)
-    return out
-
-
 def crosscheck_system(measured: dict[str, dict[str, float]], real: dict[str, Any]) -> SystemConfig:
     """The simulator's ``kvstream-only`` for the crosscheck: the store the replay opened (``real["store_config"]``),
     as the simulator models a store (:meth:`~kvstream.sim.driver.SystemConfig.from_store`), with the tiers'
-    bandwidths measured through the store (alone and while writing, :func:`_measure_tiers`) and the consumer's
+    bandwidths measured through the store (alone and while writing, :func:`~kvstream.commands._tier_probe.measure_tiers`) and the consumer's
     check as the replay measured it (``real["verify_s_per_chunk"]``). So the model runs the store's own read and
     write rules:
 
@@ -888,14 +835,32 @@ def read_breakdown(loads: list[dict[str, Any]], names: list[str], alone: dict[st
     return {"loads": len(loads), "load_s": load_s, "tiers": tiers, "check_s": chunks * check_s_per_chunk}
 
 
+def tier_rates(tiers: list[dict[str, float]]) -> list[tuple[float, float]]:
+    """Per tier of a system, ``(quiet, beside writes)`` read rates (bytes/s) its loads are held to. One tier, or a
+    probe without joint figures: the tier read alone and beside a burst of its own writes (``read_bw``,
+    ``mixed_read_bw``; ``read_bw`` twice if there is no mixed figure). Several tiers: a multi-tier load reads them
+    at once, and tiers that share a device or the CPUs slow each other, so the quiet rate is the tier's rate while
+    all are read at once (``joint_read_bw``, :mod:`kvstream.commands._tier_probe`) and the rate beside writes is
+    the alone one scaled by the same share (the probe does not read all tiers at once beside writes: see there).
+
+    A joint figure is capped at the tier's alone figure: reading other tiers at the same time cannot make a tier
+    faster, so a joint figure above it is the probe's noise."""
+    alone = [(t["read_bw"], t.get("mixed_read_bw", t["read_bw"])) for t in tiers]
+    if len(tiers) > 1 and all("joint_read_bw" in t for t in tiers):
+        kept = [min(t["joint_read_bw"] / q, 1.0) if q > 0 else 1.0 for t, (q, _) in zip(tiers, alone)]
+        return [(q * k, m * k) for (q, m), k in zip(alone, kept)]
+    return alone
+
+
 def in_run_bound(loads: list[dict[str, Any]], tiers: list[dict[str, float]]) -> tuple[float, float]:
     """The loads' bound under the run's own write load: ``(GB/s, share of the disk bytes read beside writes)``.
 
     Each load (:class:`_LoadProbe`: per tier its bytes and the seconds of the load the tier had copies being
     written, ``write_s``) could at best have read at the sum over its tiers of each tier's rate in its conditions:
-    ``f x mixed_read_bw + (1 - f) x read_bw``, where ``f`` is the share of the load's time that tier was writing
-    and the two rates are the round's probe of the tier alone (``read_bw``) and beside a burst of its own writes
-    (``mixed_read_bw``), both measured before the systems ran, independent of the loads. The run's bound is the
+    ``f x beside + (1 - f) x quiet``, where ``f`` is the share of the load's time that tier was writing and the
+    two rates are the round's probe (:func:`tier_rates`: the tier alone and beside a burst of its own writes,
+    for a multi-tier system scaled by the share of its rate it keeps while all its tiers are read at once),
+    measured before the systems ran, independent of the loads. The run's bound is the
     loads' bytes over the time each would have taken at its bound (a bytes-weighted harmonic mean), so the loads'
     GB/s over it is the share of what the devices could give them under the same write load. ``(nan, nan)`` if no
     load read a disk tier, or a tier has no mixed probe.
@@ -906,6 +871,7 @@ def in_run_bound(loads: list[dict[str, Any]], tiers: list[dict[str, float]]) -> 
     The serving thread's CPU is not in it (``bench/serving_bound.py`` measures that)."""
     if any("mixed_read_bw" not in t for t in tiers):
         return math.nan, math.nan
+    rates = tier_rates(tiers)
     total = bound_time = beside = 0.0
     for lo in loads:
         bytes_k = [float(b) for b in lo["bytes"]][: len(tiers)]
@@ -913,9 +879,9 @@ def in_run_bound(loads: list[dict[str, Any]], tiers: list[dict[str, float]]) -> 
         if nbytes <= 0 or float(lo.get("s") or 0.0) <= 0:
             continue
         rate = 0.0
-        for k, t in enumerate(tiers):
+        for k, (quiet, beside_writes) in enumerate(rates):
             f = _write_share(lo, k)
-            rate += f * t["mixed_read_bw"] + (1.0 - f) * t["read_bw"]
+            rate += f * beside_writes + (1.0 - f) * quiet
             beside += f * bytes_k[k] if k < len(bytes_k) else 0.0
         total += nbytes
         bound_time += nbytes / rate
@@ -1009,7 +975,7 @@ def _crosscheck(reqs: list[Request], results: list[dict[str, Any]], args: argpar
     reading, the same definition on both sides). Where the replay's time went: :func:`read_breakdown`.
 
     Two models run. *Predicted*: each tier's bandwidth as measured through the store alone (and while writing) by
-    :func:`_measure_tiers`, before the systems ran: the simulator as a user would run it. *Device as the replay saw
+    :func:`~kvstream.commands._tier_probe.measure_tiers`, before the systems ran: the simulator as a user would run it. *Device as the replay saw
     it*: each tier's read rates as the replay's own loads got them, without and beside its writes
     (:func:`device_as_seen`), and its write rate as its writers got it, which takes the device's in-run speed out
     of the comparison and leaves the mechanisms (which steps read, the tier split, windows, checks, the backlog valve, the scheduler's queueing):
