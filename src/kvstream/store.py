@@ -472,7 +472,11 @@ class Store:
             buf = self._writer.wait_for_buffer(fsize, self.put_wait_s)
             if buf is None:
                 self._counters.puts_dropped_no_memory += 1
-                log.warning("put dropped: host memory (%d B) is full of unwritten chunks", self.config.memory_bytes)
+                dropped = self._counters.puts_dropped_no_memory
+                if dropped in (1, 10, 100) or dropped % 1000 == 0:  # a count, not one line per put (stats() has all)
+                    log.warning("put dropped (%d so far): host memory (%d B) is full of unwritten chunks; the tiers "
+                                "write slower than puts arrive (more memory_bytes, or faster tiers)", dropped,
+                                self.config.memory_bytes)
                 return False
         mv = buf.view()
         try:

@@ -30,6 +30,10 @@ def test_replay_runs_systems_side_by_side(tmp_path, capsys):
         assert len(r["rounds"]) == 2
         for k, run in enumerate(r["rounds"]):
             s = run["summary"]
+            # where the run's wall time went: serving, then the writes host memory still held, then closing
+            assert set(run["phases_s"]) == {"serve", "drain", "close"}
+            assert all(v >= 0 for v in run["phases_s"].values())
+            assert sum(run["phases_s"].values()) == pytest.approx(run["wall_s"], abs=0.01)
             assert s["completed"] == 8
             # --speed 4: every time is on the compressed clock (a TTFT or queueing time is never negative)
             assert s["ttft_mean_s"] > 0 and s["ttft_p50_s"] > 0 and s["queue_mean_s"] >= 0

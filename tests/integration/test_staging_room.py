@@ -139,3 +139,23 @@ def test_both_backends_keep_a_shared_chunk_staged_until_its_last_item_releases_i
     finally:
         be.close()
         store.close()
+
+
+def test_dropped_puts_are_counted_and_logged_as_a_count_not_a_line_each(disk_tmp, caplog):
+    # The replay's demo printed one "put dropped" line per dropped put, dozens a run. The store logs the 1st,
+    # 10th and 100th (then every 1000th) with the count so far; stats() keeps the exact number.
+    engine = ThrottledEngine(make_engine("threads"), {"local-w": 4e6})
+    cfg = {"tiers": [{"name": "local", "path": str(disk_tmp / "local"), "capacity_bytes": 1 << 28}],
+           "memory_bytes": 2 << 20, "create_dirs": True}
+    store = open_store(cfg, engine=engine)
+    store.put_wait_s = 0.0
+    try:
+        with caplog.at_level("WARNING", logger="kvstream"):
+            for i in range(150):
+                store.put(f"k{i}".encode(), bytes(CHUNK))
+        dropped = store.stats().puts_dropped_no_memory
+        lines = [r.getMessage() for r in caplog.records if "put dropped" in r.getMessage()]
+        assert dropped >= 100
+        assert len(lines) == 3 and lines[0].startswith("put dropped (1 so far)") and "(100 so far)" in lines[2]
+    finally:
+        store.close(timeout=60)

@@ -2,10 +2,10 @@
 there are several tiers, all of them read at once.
 
 Why the joint figures: the bound a multi-tier load is held to is the tiers' bandwidth *measured concurrently*,
-not the sum of each read alone. Tiers read at once share what they have in common: one device (the testbed's
-loop-file volumes sit on this VM's one virtual disk), or the CPUs (the emulated shared tier is a RAM-backed
-folder behind a throttle, whose reads are memory copies on the same two cores that serve the local tier's
-completions and check every chunk). Summing the alone rates held kvstream's two-tier loads to a bound the machine
+not the sum of each read alone. Tiers read at once share what they have in common: one device, or the CPUs
+(the emulated shared tier is a RAM-backed folder behind a throttle, and the testbed's an ext4 loop device on a
+RAM file: their reads are memory copies on the same two cores that serve the local tier's completions and check
+every chunk). Summing the alone rates held kvstream's two-tier loads to a bound the machine
 could not give: on 2026-12-06 the local disk read at 3.33 GB/s alone and at 2.82 while the emulated tier read at
 1.01 beside it (3.83 GB/s at once against 4.42 summed alone). On separate machines the joint figures come out
 close to the alone ones.

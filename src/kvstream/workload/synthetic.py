@@ -299,11 +299,12 @@ PRESETS: dict[str, SyntheticSpec] = {
     # Long agent sessions (a coding agent: a 2k-token system prompt, histories growing from 5k to 14-18k tokens,
     # short tool calls and tool outputs, ~88 % of prompt chunks reused), sized so that a 14B-class model's KV (48 MiB chunks) is read
     # in loads of hundreds of MB, the sessions' KV (about 11 GiB) far exceeds host memory, and a replay of four
-    # systems in two rounds still fits `make demo` in ten minutes on a small machine (42 requests arrive over 51 s;
-    # 48, the first default, took 59 s a run and the demo 10 min 20 s): replay's default
-    # (kvstream.commands.replay says why, and which model and GPU it is paired with).
+    # systems still takes minutes on a small machine: replay's default (kvstream.commands.replay says why, and
+    # which model and GPU it is paired with). Not fewer requests to shorten the demo: 42 keep the same sessions'
+    # KV (242 chunks) but write it over 51 s instead of 59, and on this VM's disk the runs then took 57-64 s
+    # with TTFTs 1.5x higher (2026-12-06, one round each of kvstream and lmcache-like).
     "agent-long": SyntheticSpec(
-        n_requests=42,
+        n_requests=48,
         rate=0.8,
         cv=2.0,
         mode="session",
