@@ -88,10 +88,6 @@ ALL_SYSTEMS = SYSTEMS + COMPUTE_SYSTEMS
 REFERENCE = "kvstream"  # every other system is compared with it (a verdict per pair)
 # Also compared, when both run: two tiers against one with the scheduling held equal (FCFS, LRU).
 EXTRA_PAIRS = (("kvstream-only", "lmcache-like"),)
-# An emulated shared tier reads and writes at the local tier's measured read bandwidth over this (unless
-# --emulate-gbps): the ratio of TESTBED.md's recipe (a 1.2 GB/s disk beside a 0.4 GB/s tier) and of the KVStream
-# paper's testbeds (NVMe 2.2x and 3.2x the parallel file system). A fixed 0.4 GB/s beside this VM's 3 GB/s disk
-# offered 13 % more bandwidth, less than the disk's own run-to-run variation.
 
 DEFAULT_PRESET = "agent-long"
 # The model, GPU and memory sizes a workload is replayed with, unless --model/--gpu/--tp/--memory/--gpu-kv/
@@ -174,7 +170,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                    help=f"capacity of each disk tier {dflt('tier_capacity')}")
     p.add_argument("--emulate-gbps", type=positive_float, default=None,
                    help=f"bandwidth of an emulated shared tier, GB/s (default: the local tier's read bandwidth measured "
-                        f"at the start over {EMULATE_RATIO:g}, the ratio of the papers' testbeds)")
+                        f"in round 1's probe over {EMULATE_RATIO:g}, the ratio of the papers' testbeds)")
     p.add_argument("--no-emulate", action="store_true", help="keep both tiers on their device even if it is the same")
     p.add_argument("--slo", type=positive_float, default=1.0, help="TTFT target for SLO attainment, seconds")
     p.add_argument("--crosscheck", action="store_true",
