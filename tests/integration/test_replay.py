@@ -187,3 +187,17 @@ def test_a_killed_replays_emulated_tier_is_removed_by_the_next(tmp_path):
     _remove_stale_emulated_tiers(tmp_path)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["kvstream-replay-live", "kvstream-replay-live.pid",
                                                           "kvstream-replay-starting"]
+
+
+@pytest.mark.slow
+def test_the_table_names_each_bound_it_compares_with(tmp_path, capsys):
+    # The human table (no --json): each row against its bound, and the legend says what the bound is: one tier
+    # alone, two read at once (the round's joint probe), and the in-run bound beside the tiers' writes.
+    args = _args(tmp_path, "--systems", "kvstream,lmcache-like")
+    args.json = False
+    assert args.handler(args) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "in-run bound" in out and "bound GB/s" in out
+    assert "one tier alone (local" in out and "two read at once (local" in out and "shared" in out
+    rep = json.loads((tmp_path / "out" / "replay.json").read_text())
+    assert set(rep["joint_read_gbps"]) == {"local", "shared"}
