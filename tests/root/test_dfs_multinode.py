@@ -42,6 +42,11 @@ pytestmark = [pytest.mark.dfs, pytest.mark.root, pytest.mark.slow]  # minutes: f
 
 SIZE = 64 << 10  # payload bytes of most chunks
 FILE = file_size(SIZE)  # bytes on storage (header + padded payload)
+# The soak runs SOAK_S seconds and then, if the two nodes have not yet done MIN_SOAK_OPS puts and reads each
+# between them, on until they have, at most SOAK_EXTRA_S more: a CI run once got 16 puts and no read in 20 s from
+# a slow CephFS (its opens and puts took seconds each) and failed the test's own "the soak did something" check.
+MIN_SOAK_OPS = 64
+SOAK_EXTRA_S = 90.0
 VISIBLE_S = 10.0  # how long a peer's put may take to show up in another node's index (1 s refresh + FS staleness)
 SOAK_S = float(os.environ.get("KVS_DFS_SOAK_S", "20"))
 
@@ -407,6 +412,11 @@ class Ledger:
         with self.lock:
             self.counts[what] += n
 
+    def enough(self) -> bool:
+        """Both kinds of work the soak exists for have happened, MIN_SOAK_OPS of each (both nodes together)."""
+        with self.lock:
+            return self.counts["puts"] >= MIN_SOAK_OPS and self.counts["reads"] >= MIN_SOAK_OPS
+
     def error(self, node: str, exc: BaseException) -> None:
         with self.lock:
             self.counts["errors"] += 1
@@ -429,7 +439,7 @@ def _soak_loop(bed: Bed, node: str, led: Ledger, seconds: float, seed: int) -> N
     end = time.monotonic() + seconds
     nxt = 0
     p = bed.start(node, shared_capacity=cap, local_capacity=cap // 2)
-    while time.monotonic() < end:
+    while time.monotonic() < end or (not led.enough() and time.monotonic() < end + SOAK_EXTRA_S):
         r = rng.random()
         try:
             if r < 0.40:
@@ -485,7 +495,7 @@ def _soak_loop(bed: Bed, node: str, led: Ledger, seconds: float, seed: int) -> N
         led.error(node, exc)
 
 
-@pytest.mark.timeout(SOAK_S + 240)  # the soak itself, then the final check, verify and tear-down
+@pytest.mark.timeout(SOAK_S + SOAK_EXTRA_S + 240)  # the soak (and its extension), the final check, verify, tear-down
 def test_soak_puts_gets_evictions_restarts_and_kills_on_both_nodes(bed):
     led = Ledger()
     t0 = time.monotonic()
