@@ -678,8 +678,17 @@ def test_a_compaction_that_cannot_write_its_snapshot_does_not_stop_the_store_ope
 
 
 def _read_with_few_fds(cfg: dict, keys: list[bytes], q) -> None:
+    import logging
     import resource
 
+    class _CountEmfile(logging.Handler):
+        n = 0
+
+        def emit(self, record: logging.LogRecord) -> None:
+            if "Too many open files" in record.getMessage():
+                _CountEmfile.n += 1
+
+    logging.getLogger("kvstream").addHandler(_CountEmfile())
     with kvstream.open_store(cfg) as s:
         s.evict_memory()
         soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
@@ -692,7 +701,7 @@ def _read_with_few_fds(cfg: dict, keys: list[bytes], q) -> None:
         finally:
             resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
         out = s.get_many(keys)  # descriptors back: everything is there
-        q.put((bad, served, states, sum(o is not None for o in out), wrong_bytes(keys, out, 8192)))
+        q.put((bad, served, states, sum(o is not None for o in out), wrong_bytes(keys, out, 8192), _CountEmfile.n))
 
 
 def test_running_out_of_file_descriptors_is_a_miss_not_a_crash_or_a_broken_tier(disk_tmp):
@@ -703,9 +712,12 @@ def test_running_out_of_file_descriptors_is_a_miss_not_a_crash_or_a_broken_tier(
     q = ctx.Queue()
     p = ctx.Process(target=_read_with_few_fds, args=(cfg, keys, q))
     p.start()
-    bad, served, states, served_after, bad_after = q.get(timeout=60)
+    bad, served, states, served_after, bad_after, emfile = q.get(timeout=60)
     p.join(30)
     assert p.exitcode == 0
-    assert bad == 0 and 0 < served < 64  # some chunks could not be opened: misses, never an exception
+    # Opens did fail (EMFILE) and cost misses or a read from the other replica, never an exception or wrong
+    # bytes. (All 64 may still be served: a CI run had every failed open answered by the other tier's copy.)
+    assert emfile > 0, "the descriptor limit never bit: the test tested nothing"
+    assert bad == 0 and 0 < served <= 64
     assert states == ["closed", "closed"]  # and no tier was blamed for it
     assert served_after == 64 and bad_after == 0
