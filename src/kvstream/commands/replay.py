@@ -777,7 +777,9 @@ def _probe_text(measured: dict[str, dict[str, float]]) -> str:
     text = (f"read bandwidth, each tier alone: {rates('read_bw')}; beside a burst of its own writes: "
             f"{rates('mixed_read_bw')}")
     if len(measured) > 1:
-        both = sum(v["joint_read_bw"] for v in measured.values()) / 1e9
+        # The bound the two-tier rows are held to (tier_rates: each joint figure capped at its alone one), not a
+        # second sum of the raw joint figures that could print a bound no row uses.
+        both = sum(q for q, _ in tier_rates(list(measured.values()))) / 1e9
         text += (f"; all at once: {rates('joint_read_bw')} (bound of all: {both:.2f} GB/s, against "
                  f"{sum(v['read_bw'] for v in measured.values()) / 1e9:.2f} summed alone)")
     return text
