@@ -10,8 +10,9 @@ cd "$(dirname "$0")/.."
 what="${1:-main}"
 PY="${PYTHON:-python3}"
 if [ "$what" != dfs ] && [ ! -x .venv/bin/python ]; then
+  # The pip a Python >= 3.11 venv comes with (22.3 or later) installs everything here, editable included; upgrading
+  # it first added 3 s to make demo and one more download.
   "$PY" -m venv .venv
-  .venv/bin/python -m pip install -q --upgrade pip
 fi
 pip() { .venv/bin/python -m pip "$@"; }
 # A second run with nothing changed skips pip (its editable reinstall alone took 25 s, a twelfth of `make demo`'s

@@ -370,6 +370,27 @@ def test_the_joint_probe_reads_every_tier_at_once_and_sets_the_emulated_rate(tmp
     assert not (tmp_path / "s" / "replay-probe").exists()
 
 
+def test_the_probe_hands_its_folders_over_after_closing_its_stores(tmp_path: Path):
+    # The replay deletes a probe's folders while the first run sets up (FolderRemoval.hold): measure_tiers hands
+    # them over once its stores are closed, instead of deleting them itself.
+    from kvstream.commands._folder_removal import FolderRemoval
+
+    removal = FolderRemoval()
+    handed: list[Path] = []
+
+    def hold(folders: list[Path]) -> None:
+        handed.extend(folders)
+        assert all((f / "chunks").is_dir() for f in folders)  # still there: nothing was deleted by the probe
+        removal.hold(folders)
+
+    args = argparse.Namespace(emulate_gbps=None)
+    measure_tiers([("local", tmp_path / "l"), ("shared", tmp_path / "s")], args, MB, True, n=8, hand_over=hold)
+    assert sorted(handed) == [tmp_path / "l" / "replay-probe", tmp_path / "s" / "replay-probe"]
+    assert not any(f.exists() for f in handed)  # renamed aside at once
+    removal.wait()
+    assert [p.name for p in (tmp_path / "l").iterdir()] == [] and [p.name for p in (tmp_path / "s").iterdir()] == []
+
+
 def test_the_write_probe_measures_the_tier_not_the_puts(tmp_path: Path, monkeypatch):
     # Puts into a new store first touch fresh host buffers; on this VM that alone made the old wall-clock figure
     # 0.34 GB/s in one probe and 1.49 in the next. Here each put takes 50 ms: the probe must still report what the

@@ -73,3 +73,63 @@ def test_a_second_start_waits_for_the_first(tmp_path: Path) -> None:
     removal.wait()
     assert not any(p.exists() for p in a2)
     removal.wait()  # nothing in flight: returns at once
+
+
+def test_held_folders_are_untouched_until_begin_and_quiet_does_not_delete_them(tmp_path: Path) -> None:
+    """A round's last run's folders are held while the next probe runs: renamed aside at once, their files left
+    alone (no deletion beside the probe), then deleted by begin() (the next run's set-up) or wait()."""
+    d = tmp_path / "replay-kvstream"
+    _fill(d)
+    removal = FolderRemoval()
+    aside = removal.hold([d])
+    assert not d.exists() and len(aside) == 1
+    removal.quiet()  # what the probe waits for: nothing in flight; the held folder stays
+    assert (aside[0] / "chunks" / "ab" / "0.kvc").read_bytes() == b"x" * 4096
+    probe = tmp_path / "replay-probe"
+    _fill(probe)
+    aside += removal.hold([probe])  # the probe's own folder joins the held set
+    removal.begin()
+    removal.wait()
+    assert not any(p.exists() for p in aside)
+
+
+def test_wait_deletes_what_is_held_even_without_begin(tmp_path: Path) -> None:
+    # The replay's finally: whatever was held when a run failed is deleted before the command returns.
+    d = tmp_path / "replay-lmcache-like"
+    _fill(d)
+    removal = FolderRemoval()
+    aside = removal.hold([d])
+    removal.wait()
+    assert not aside[0].exists()
+    removal.begin()  # nothing held: no thread
+    removal.quiet()
+
+
+def test_begin_waits_for_the_deletion_in_flight(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """At most one deletion at a time: begin() with one in flight returns only once it has finished."""
+    gate = threading.Event()
+    entered = threading.Event()
+    real = _folder_removal.shutil.rmtree
+
+    def slow_rmtree(path: Path, ignore_errors: bool = False) -> None:
+        entered.set()
+        assert gate.wait(10)
+        real(path, ignore_errors=ignore_errors)
+
+    monkeypatch.setattr(_folder_removal.shutil, "rmtree", slow_rmtree)
+    first, second = tmp_path / "one", tmp_path / "two"
+    _fill(first)
+    _fill(second)
+    removal = FolderRemoval()
+    a1 = removal.start([first])
+    assert entered.wait(10)
+    removal.hold([second])
+    done = threading.Event()
+    beginner = threading.Thread(target=lambda: (removal.begin(), done.set()))
+    beginner.start()
+    assert not done.wait(0.3)  # the first is still being deleted
+    gate.set()
+    assert done.wait(10)
+    beginner.join()
+    assert not any(p.exists() for p in a1)
+    removal.wait()

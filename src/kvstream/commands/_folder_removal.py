@@ -7,11 +7,21 @@ of its 8 runs, and ``make demo`` ran over its 10 minutes. Deleting in the backgr
 confound it: while a 4 GiB file was removed, an O_DIRECT read of another file on the disk ran at 342-351 MB/s
 against 797-815 MB/s alone. So the deletion overlaps only the next run's set-up (opening its store, making its
 host memory resident: 0.7-7 s, the hypervisor's cost of handing memory back), and the run waits for it to finish
-before its clock starts (:meth:`FolderRemoval.wait`), as does every device probe.
+before its clock starts (:meth:`FolderRemoval.wait`); no device probe starts while one is in flight
+(:meth:`FolderRemoval.quiet`).
 
-Invariant: at most one removal is in flight; :meth:`start` waits for the one before. The folders are renamed
-aside first (same parent, so the same file system: instant), so a run that reuses a name (``--systems kvstream
---rounds 2``) makes a fresh folder, never one being deleted.
+Each folder goes through: renamed aside (same parent, so the same file system: instant; a run that reuses the
+name, ``--systems kvstream --rounds 2``, makes a fresh folder, never one being deleted) -> held (optional) ->
+deleting (in one background thread) -> gone. Invariants: at most one deletion is in flight (each new one waits
+for the one before); a held folder is only renamed, never touched, until :meth:`begin` or :meth:`wait`; and
+:meth:`wait` returns only when nothing is held or being deleted.
+
+Holding is for folders a device probe may sit beside without harm: a round's last run's, and the probe's own. They
+wait, untouched, while the next round's probe measures the devices (:meth:`quiet` waits only for a deletion in
+flight), and go while the next run sets up (:meth:`begin` at its start), which nothing overlapped before. The
+last round's go while the report and figure are made. Deleting costs the same either way (on this VM's disk
+0.7 s per GiB *written*, fallocated first or not: the host frees written blocks); what holding saves is the
+waiting that nothing overlapped.
 """
 
 from __future__ import annotations
@@ -30,12 +40,19 @@ class FolderRemoval:
 
     def __init__(self) -> None:
         self._thread: threading.Thread | None = None
+        self._held: list[Path] = []
 
     def start(self, folders: Iterable[Path]) -> list[Path]:
-        """Rename each existing folder aside and delete the renamed folders in a background thread. Returns the
-        names they were renamed to (already deleted when :meth:`wait` returns). A folder that cannot be renamed
-        is deleted where it is, in the background too."""
-        self.wait()
+        """Rename each existing folder aside and delete the renamed folders (and any held ones) in a background
+        thread, once the deletion in flight has finished. Returns the names they were renamed to (gone when
+        :meth:`wait` returns). A folder that cannot be renamed is deleted where it is, in the background too."""
+        aside = self.hold(folders)
+        self.begin()
+        return aside
+
+    def hold(self, folders: Iterable[Path]) -> list[Path]:
+        """Rename each existing folder aside and keep it, untouched, until :meth:`begin` or :meth:`wait`. Returns
+        the names they were renamed to."""
         aside = []
         for d in folders:
             if not d.exists():
@@ -46,19 +63,30 @@ class FolderRemoval:
             except OSError:
                 target = d
             aside.append(target)
-        if aside:
-            self._thread = threading.Thread(target=self._remove, args=(aside,), name="kvstream-replay-rmtree",
+        self._held.extend(aside)
+        return aside
+
+    def begin(self) -> None:
+        """Delete the held folders in a background thread, once the deletion in flight (if any) has finished."""
+        self.quiet()
+        if self._held:
+            folders, self._held = self._held, []
+            self._thread = threading.Thread(target=self._remove, args=(folders,), name="kvstream-replay-rmtree",
                                             daemon=True)
             self._thread.start()
-        return aside
 
     @staticmethod
     def _remove(folders: list[Path]) -> None:
         for d in folders:
             shutil.rmtree(d, ignore_errors=True)
 
-    def wait(self) -> None:
-        """Return when the removal in flight (if any) has finished."""
+    def quiet(self) -> None:
+        """Return when no deletion is in flight (held folders stay held): the devices are idle for a probe."""
         if self._thread is not None:
             self._thread.join()
             self._thread = None
+
+    def wait(self) -> None:
+        """Delete whatever is held and return when every folder handed over is gone."""
+        self.begin()
+        self.quiet()

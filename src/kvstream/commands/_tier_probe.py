@@ -35,7 +35,8 @@ _BATCH = 8  # chunks per read step in the joint window: a serving load's size; t
 
 def measure_tiers(tiers: list[tuple[str, Path]], args: argparse.Namespace, chunk: int, emulated: bool,
                   n: int | None = None, mixed: bool = True,
-                  on_emulated: Callable[[float, float], None] | None = None) -> dict[str, dict[str, float]]:
+                  on_emulated: Callable[[float, float], None] | None = None,
+                  hand_over: Callable[[list[Path]], object] | None = None) -> dict[str, dict[str, float]]:
     """Per tier: ``write_bw`` (``n`` chunks put and flushed, bytes over the time the tier was writing them;
     default ``n``: 40, or fewer so that about 768 MiB are written), ``read_bw`` (read back in one step, host
     memory dropped; the best of three) and, with ``mixed``, ``mixed_read_bw`` (the read while ``n`` more chunks
@@ -48,7 +49,10 @@ def measure_tiers(tiers: list[tuple[str, Path]], args: argparse.Namespace, chunk
 
     ``emulated``: the second tier is throttled to ``args.emulate_gbps`` GB/s; if that is None it is set here,
     once the first tier's read rate is known (that rate over :data:`EMULATE_RATIO`), and ``on_emulated(local,
-    gbps)`` is told. All bandwidths in bytes/s."""
+    gbps)`` is told. All bandwidths in bytes/s.
+
+    The probe's folders are deleted once its stores are closed, or, with ``hand_over``, handed to it (the replay's
+    :class:`~kvstream.commands._folder_removal.FolderRemoval` deletes them while the first run sets up)."""
     from kvstream.io import make_engine
     from kvstream.io.throttle import ThrottledEngine
     from kvstream.store import Store, open_store
@@ -65,7 +69,10 @@ def measure_tiers(tiers: list[tuple[str, Path]], args: argparse.Namespace, chunk
         for k, (name, base) in enumerate(tiers):
             d = base / "replay-probe"
             shutil.rmtree(d, ignore_errors=True)
-            stack.callback(shutil.rmtree, d, ignore_errors=True)
+            if hand_over is not None:
+                stack.callback(hand_over, [d])  # after the store's close (registered below: runs first)
+            else:
+                stack.callback(shutil.rmtree, d, ignore_errors=True)
             engine = make_engine("auto")
             if emulated and k == 1:
                 if args.emulate_gbps is None:

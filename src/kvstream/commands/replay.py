@@ -308,9 +308,10 @@ class _LoadProbe:
 def _run_one(name: str, reqs: list[Request], tiers: list[tuple[str, Path]], args: argparse.Namespace, *,
              emulated: bool, progress: Progress | None, cost: CostModel, measured: dict[str, dict[str, float]],
              removal: FolderRemoval, label: str | None = None) -> dict[str, Any]:
-    """One system's run on fresh tier folders. The previous run's folders may still be being deleted while this
-    one opens its store and makes its host memory resident; the run waits for that before its clock starts, and
-    hands its own folders to ``removal`` when it ends (:mod:`kvstream.commands._folder_removal`)."""
+    """One system's run on fresh tier folders. What ``removal`` holds (the previous run's folders, a probe's) is
+    deleted while this run opens its store and makes its host memory resident; the run waits for that before its
+    clock starts, and hands its own folders to ``removal`` to hold when it ends
+    (:mod:`kvstream.commands._folder_removal`)."""
     from kvstream.config import parse_size
     from kvstream.io import make_engine
     from kvstream.serving.core import ServingCore
@@ -322,6 +323,7 @@ def _run_one(name: str, reqs: list[Request], tiers: list[tuple[str, Path]], args
 
     sysd = _system(name)
     use = tiers[: sysd["tiers"]]
+    removal.begin()  # the previous run's folders go while this run sets up
     run_dirs = []
     for tname, base in use:
         d = base / f"replay-{name}"
@@ -397,7 +399,7 @@ def _run_one(name: str, reqs: list[Request], tiers: list[tuple[str, Path]], args
         wall = time.perf_counter() - t0
         phases["close"] = wall - (t_close - t0)
         if not args.keep:
-            removal.start(run_dirs)
+            removal.hold(run_dirs)  # deleted once the next run (or the report) begins, not beside a probe
     core.metrics.storage = {"write_amplification": stats.write_amplification,
                             **{f"read_bytes_{k}": v.read_bytes for k, v in stats.tiers.items()},
                             **{f"write_bytes_{k}": v.write_bytes for k, v in stats.tiers.items()},
@@ -538,11 +540,11 @@ def run_replay(args: argparse.Namespace) -> dict[str, Any]:
                 # through the store) and runs every system once, the order rotated so that no system always runs
                 # first, or right after the same neighbour.
                 order = names[rnd % len(names):] + names[:rnd % len(names)]
-                removal.wait()  # the probes measure the devices: nothing else may be using them
+                removal.quiet()  # the probes measure the devices: no deletion may be using them
                 load = MachineLoad().start()
                 # Mixed and joint too: the rows' in-run bound. Round 1 also sets the emulated tier's bandwidth
                 # from the local tier's read rate unless --emulate-gbps gave it.
-                measured = measure_tiers(tiers, args, cost.model.chunk_bytes(), emulated,
+                measured = measure_tiers(tiers, args, cost.model.chunk_bytes(), emulated, hand_over=removal.hold,
                                          on_emulated=lambda local, gbps: _note(_emulated_note(local, gbps)))
                 print(f"replay: round {rnd + 1}/{args.rounds}: {_probe_text(measured)}", file=sys.stderr)
                 for n in order:
@@ -560,6 +562,49 @@ def run_replay(args: argparse.Namespace) -> dict[str, Any]:
             removal.wait()
             last = runs["kvstream-only"][-1]
             report_cc = _crosscheck(reqs, [last], args, cost, emulated, measured)
+        # The last run's folders go while the results, verdicts and figure are made (all CPU, no device measured).
+        removal.begin()
+        results = [_merge_rounds(runs[n]) for n in names]
+        # Every run of every round must have measured something (a system idle in one round is not rescued by a median).
+        problem = nothing_measured([r for n in names for r in runs[n]], args)
+        verdicts = compare_systems(runs, names) if not problem else []
+        warning = None if problem else disk_warning(results, args)
+        if warning:
+            print(f"replay: warning: {warning}", file=sys.stderr)
+        from kvstream.commands._common import run_meta
+
+        report: dict[str, Any] = {
+            **run_meta(),
+            "error": problem,
+            "warnings": [warning] if warning else [],
+            "workload": wl_desc, "model": cost.model.name, "gpu": f"{args.tp}x {cost.gpu.name}",
+            "chunk_bytes": cost.model.chunk_bytes(), "gpu_kv": args.gpu_kv, "memory": args.memory,
+            "speed": args.speed, "notes": notes,
+            "shared_tier": "emulated" if emulated else ("same-device" if same else "real"),
+            "emulate_gbps": args.emulate_gbps if emulated else None,
+            "tiers": {t[0]: str(t[1]) for t in tiers},
+            "measured_read_gbps": {k: statistics.median(r["measured_read_gbps"][k] for r in rounds)
+                                   for k in (rounds[0]["measured_read_gbps"] if rounds else {})},
+            "mixed_read_gbps": {k: statistics.median(r["mixed_read_gbps"][k] for r in rounds)
+                                for k in (rounds[0]["mixed_read_gbps"] if rounds else {})},
+            "joint_read_gbps": {k: statistics.median(r["joint_read_gbps"][k] for r in rounds)
+                                for k in (rounds[0].get("joint_read_gbps") or {} if rounds else {})},
+            "rounds": rounds,
+            "verdicts": verdicts,
+            "results": [{k: v for k, v in r.items() if k not in _BULKY} for r in results],
+        }
+        if report_cc is not None:
+            report["crosscheck"] = report_cc
+        from kvstream.commands._common import have
+
+        png = out / "replay.png"
+        if have("matplotlib"):
+            _plot(results, png, emulated)
+            report["figure"] = str(png)
+        else:  # the core install has no plotting: the JSON and the table are the results, the figure is extra
+            report["figure"] = None
+            print("replay: figure skipped: matplotlib is not installed (pip install 'kvstream[plot]')", file=sys.stderr)
+        (out / "replay.json").write_text(json.dumps(report, indent=1, default=str))
     finally:
         removal.wait()
         if shm_dir is not None:
@@ -567,47 +612,6 @@ def run_replay(args: argparse.Namespace) -> dict[str, Any]:
             shm_dir.with_name(shm_dir.name + ".pid").unlink(missing_ok=True)
         if ours and not args.keep:
             shutil.rmtree(out / "tiers", ignore_errors=True)
-    results = [_merge_rounds(runs[n]) for n in names]
-    # Every run of every round must have measured something (a system idle in one round is not rescued by a median).
-    problem = nothing_measured([r for n in names for r in runs[n]], args)
-    verdicts = compare_systems(runs, names) if not problem else []
-    warning = None if problem else disk_warning(results, args)
-    if warning:
-        print(f"replay: warning: {warning}", file=sys.stderr)
-    from kvstream.commands._common import run_meta
-
-    report: dict[str, Any] = {
-        **run_meta(),
-        "error": problem,
-        "warnings": [warning] if warning else [],
-        "workload": wl_desc, "model": cost.model.name, "gpu": f"{args.tp}x {cost.gpu.name}",
-        "chunk_bytes": cost.model.chunk_bytes(), "gpu_kv": args.gpu_kv, "memory": args.memory,
-        "speed": args.speed, "notes": notes,
-        "shared_tier": "emulated" if emulated else ("same-device" if same else "real"),
-        "emulate_gbps": args.emulate_gbps if emulated else None,
-        "tiers": {t[0]: str(t[1]) for t in tiers},
-        "measured_read_gbps": {k: statistics.median(r["measured_read_gbps"][k] for r in rounds)
-                               for k in (rounds[0]["measured_read_gbps"] if rounds else {})},
-        "mixed_read_gbps": {k: statistics.median(r["mixed_read_gbps"][k] for r in rounds)
-                            for k in (rounds[0]["mixed_read_gbps"] if rounds else {})},
-        "joint_read_gbps": {k: statistics.median(r["joint_read_gbps"][k] for r in rounds)
-                            for k in (rounds[0].get("joint_read_gbps") or {} if rounds else {})},
-        "rounds": rounds,
-        "verdicts": verdicts,
-        "results": [{k: v for k, v in r.items() if k not in _BULKY} for r in results],
-    }
-    if report_cc is not None:
-        report["crosscheck"] = report_cc
-    from kvstream.commands._common import have
-
-    png = out / "replay.png"
-    if have("matplotlib"):
-        _plot(results, png, emulated)
-        report["figure"] = str(png)
-    else:  # the core install has no plotting: the JSON and the table are the results, the figure is extra
-        report["figure"] = None
-        print("replay: figure skipped: matplotlib is not installed (pip install 'kvstream[plot]')", file=sys.stderr)
-    (out / "replay.json").write_text(json.dumps(report, indent=1, default=str))
     if problem:
         raise NothingMeasuredError(f"{problem} (results kept in {out / 'replay.json'})")
     return {"report": report, "results": results, "runs": runs}
