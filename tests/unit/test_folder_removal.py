@@ -133,3 +133,46 @@ def test_begin_waits_for_the_deletion_in_flight(tmp_path: Path, monkeypatch: pyt
     beginner.join()
     assert not any(p.exists() for p in a1)
     removal.wait()
+
+
+def test_folders_on_two_devices_are_deleted_side_by_side(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A replay's local tier (disk) and emulated shared tier (RAM) are deleted by a thread each: the RAM folder
+    does not wait behind the disk's deletion; two folders on one device go one after the other."""
+    import os
+    import tempfile
+
+    shm = Path("/dev/shm")
+    if not shm.is_dir() or os.stat(shm).st_dev == os.stat(tmp_path).st_dev:
+        pytest.skip("needs /dev/shm on a device other than the test's tmp_path")
+    ram = Path(tempfile.mkdtemp(dir=shm, prefix="kvstream-test-removal-"))
+    gate = threading.Event()
+    order: list[str] = []
+    real = _folder_removal.shutil.rmtree
+
+    def gated_rmtree(path: Path, ignore_errors: bool = False) -> None:
+        order.append(Path(path).name.split(".removing-")[0])
+        if Path(path).is_relative_to(tmp_path):
+            assert gate.wait(10)  # the disk's deletion is held until the RAM folder is gone
+        real(path, ignore_errors=ignore_errors)
+
+    monkeypatch.setattr(_folder_removal.shutil, "rmtree", gated_rmtree)
+    disk_a, disk_b, ram_d = tmp_path / "local-a", tmp_path / "local-b", ram / "shared"
+    for d in (disk_a, disk_b, ram_d):
+        _fill(d)
+    removal = FolderRemoval()
+    try:
+        aside = removal.start([disk_a, ram_d, disk_b])
+        ram_aside = next(p for p in aside if p.is_relative_to(ram))
+        for _ in range(200):  # the RAM folder goes while the disk's thread is held
+            if not ram_aside.exists():
+                break
+            threading.Event().wait(0.02)
+        assert not ram_aside.exists()
+        assert order.count("local-a") == 1 and "local-b" not in order  # one device: one folder at a time
+        gate.set()
+        removal.wait()
+        assert not any(p.exists() for p in aside) and order.index("local-a") < order.index("local-b")
+    finally:
+        gate.set()
+        removal.wait()
+        real(ram, ignore_errors=True)
