@@ -34,6 +34,9 @@ def test_replay_runs_systems_side_by_side(tmp_path, capsys):
             assert set(run["phases_s"]) == {"serve", "drain", "close"}
             assert all(v >= 0 for v in run["phases_s"].values())
             assert sum(run["phases_s"].values()) == pytest.approx(run["wall_s"], abs=0.01)
+            # and the time before its clock: setting up, and waiting for the previous run's folders to go
+            assert set(run["before_clock_s"]) == {"set_up", "removal_wait"}
+            assert all(v >= 0 for v in run["before_clock_s"].values())
             assert s["completed"] == 8
             # --speed 4: every time is on the compressed clock (a TTFT or queueing time is never negative)
             assert s["ttft_mean_s"] > 0 and s["ttft_p50_s"] > 0 and s["queue_mean_s"] >= 0
@@ -112,6 +115,28 @@ def test_replay_takes_a_relative_out_folder(tmp_path, monkeypatch, capsys):
     rep = json.loads(capsys.readouterr().out)
     assert rep["results"][0]["summary"]["completed"] == 4
     assert (tmp_path / "rel-out" / "replay.json").exists()
+
+
+@pytest.mark.slow
+def test_replay_deletes_run_folders_a_stopped_replay_left_aside(tmp_path, capsys):
+    # A replay killed while it held a run's folders (renamed aside, up to a tier's capacity each) leaves them
+    # behind; the next replay on the same tiers deletes them before its first probe and says so.
+    out = tmp_path / "out"
+    left = [out / "tiers" / "local" / "replay-kvstream.removing-0badc0de", out / "tiers" / "local" /
+            "replay-probe.removing-12345678"]
+    for d in left:
+        (d / "chunks").mkdir(parents=True)
+        (d / "chunks" / "x.kvc").write_bytes(b"x" * 4096)
+    args = build_parser().parse_args([
+        "replay", "--preset", "agent-small", "--requests", "4", "--model", "qwen2.5-0.5b", "--memory", "32MiB",
+        "--gpu-kv", "8MiB", "--tier-capacity", "256MiB", "--speed", "4", "--systems", "kvstream", "--out", str(out),
+        "--keep", "--json",
+    ])
+    assert args.handler(args) == 0
+    err = capsys.readouterr().err
+    assert "2 run folder(s) an earlier replay left behind" in err and str(left[0]) in err
+    assert not any(d.exists() for d in left)
+    assert (out / "tiers" / "local" / "replay-kvstream").is_dir()  # --keep: this replay's own folder stays
 
 
 def test_replay_with_the_agent_small_preset_keeps_the_earlier_defaults():

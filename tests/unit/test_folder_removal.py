@@ -176,3 +176,22 @@ def test_folders_on_two_devices_are_deleted_side_by_side(tmp_path: Path, monkeyp
         gate.set()
         removal.wait()
         real(ram, ignore_errors=True)
+
+
+def test_folders_left_aside_by_a_stopped_replay_are_found_and_deleted_as_they_are(tmp_path: Path) -> None:
+    from kvstream.commands._folder_removal import left_aside
+
+    stale = tmp_path / "replay-kvstream.removing-0badc0de"
+    probe = tmp_path / "replay-probe.removing-12345678"
+    live = tmp_path / "replay-lmcache-like"  # a run's folder, not renamed aside: not stale
+    other = tmp_path / "mine.removing-00000000"  # not a replay's
+    for d in (stale, probe, live, other):
+        _fill(d)
+    found = left_aside(tmp_path, "replay-")
+    assert found == [stale, probe] or found == sorted([stale, probe])
+    removal = FolderRemoval()
+    aside = removal.start(found)
+    assert aside == found  # deleted under their own names: not renamed aside a second time
+    removal.wait()
+    assert not stale.exists() and not probe.exists() and live.exists() and other.exists()
+    assert left_aside(tmp_path / "missing", "replay-") == []

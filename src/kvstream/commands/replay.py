@@ -57,7 +57,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Required, TypedDict
 
-from kvstream.commands._folder_removal import FolderRemoval
+from kvstream.commands._folder_removal import FolderRemoval, left_aside
 from kvstream.commands._tier_probe import EMULATE_RATIO, measure_tiers
 from kvstream.errors import NothingMeasuredError, UsageError
 
@@ -321,6 +321,7 @@ def _run_one(name: str, reqs: list[Request], tiers: list[tuple[str, Path]], args
     from kvstream.serving.storebackend import StoreBackend, disk_load_gbps
     from kvstream.store import open_store
 
+    t_enter = time.perf_counter()
     sysd = _system(name)
     use = tiers[: sysd["tiers"]]
     removal.begin()  # the previous run's folders go while this run sets up
@@ -352,7 +353,9 @@ def _run_one(name: str, reqs: list[Request], tiers: list[tuple[str, Path]], args
     # prefault_memory): otherwise the run's largest load pays for first touching fresh memory.
     store.prefault_memory(chunk_bytes)
     probe = _LoadProbe(store)
+    t_wait = time.perf_counter()
     removal.wait()  # the previous run's folders are gone: their deletion never overlaps this run's clock
+    removal_wait_s = time.perf_counter() - t_wait
     compute = None
     if sysd.get("compute"):
         from kvstream.compute import ComputePolicy
@@ -377,6 +380,9 @@ def _run_one(name: str, reqs: list[Request], tiers: list[tuple[str, Path]], args
 
     drv = RealtimeDriver(core, backend, reqs, speed=args.speed, on_progress=on_progress)
     t0 = time.perf_counter()
+    # Before the clock (the JSON's "before_clock_s", not in wall_s): setting up, and waiting beyond that for the
+    # previous run's folders to be deleted (kvstream.commands._folder_removal): make demo's time between runs.
+    before_clock = {"set_up": t0 - t_enter - removal_wait_s, "removal_wait": removal_wait_s}
     from kvstream.io.cpuprobe import ThreadCpuMeter
 
     meter = ThreadCpuMeter().start()
@@ -421,7 +427,8 @@ def _run_one(name: str, reqs: list[Request], tiers: list[tuple[str, Path]], args
               "load_of_bound_in_run": gbps / bound_run if bound_run > 0 else math.nan,
               "load_bytes_beside_writes": beside})
     return {
-        "system": name, "replication": cfg["replication"], "wall_s": wall, "phases_s": phases, "summary": s,
+        "system": name, "replication": cfg["replication"], "wall_s": wall, "phases_s": phases,
+        "before_clock_s": before_clock, "summary": s,
         "ttfts": sorted(r.ttft for r in core.metrics.requests if not math.isnan(r.first_token)),
         "ttft_by_request": _ttft_by_request(core.metrics.requests, reqs),
         "tier_series": core.metrics.tier_series, "lag_s": drv.lag_s,
@@ -528,6 +535,13 @@ def run_replay(args: argparse.Namespace) -> dict[str, Any]:
     try:
         for note in notes:
             print(f"replay: {note}", file=sys.stderr)
+        # Run folders a stopped replay renamed aside and never deleted (up to a tier's capacity each): deleted before
+        # the first probe (which waits for them), never left to fill the disk run after run.
+        stale = [p for _, base in tiers for p in left_aside(base, "replay-")]
+        if stale:
+            print(f"replay: deleting {len(stale)} run folder(s) an earlier replay left behind when it was stopped: "
+                  + ", ".join(str(p) for p in stale), file=sys.stderr)
+            removal.start(stale)
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
         from kvstream.commands._common import console
@@ -637,7 +651,7 @@ def _merge_rounds(runs: list[dict[str, Any]]) -> dict[str, Any]:
         "summary": summary, "wall_s": statistics.median(r["wall_s"] for r in runs),
         "ttfts": sorted(t for r in runs for t in r["ttfts"]),
         "rounds": [{"round": r.get("round", i), "replication": r["replication"], "wall_s": r["wall_s"],
-                    "phases_s": r.get("phases_s"),
+                    "phases_s": r.get("phases_s"), "before_clock_s": r.get("before_clock_s"),
                     "summary": r["summary"], "tier_gbps": r["tier_gbps"], "thread_cpu": r.get("thread_cpu"),
                     "gil_wait_share": r.get("gil_wait_share"), "store_counters": r["store_counters"]}
                    for i, r in enumerate(runs)],
