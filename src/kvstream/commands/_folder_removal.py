@@ -13,8 +13,10 @@ before its clock starts (:meth:`FolderRemoval.wait`); no device probe starts whi
 Each folder goes through: renamed aside (same parent, so the same file system: instant; a run that reuses the
 name, ``--systems kvstream --rounds 2``, makes a fresh folder, never one being deleted) -> held (optional) ->
 deleting (in the background, a thread per device) -> gone. Invariants: at most one deletion is in flight (each
-new one waits for the one before); a held folder is only renamed, never touched, until :meth:`begin` or :meth:`wait`; and
-:meth:`wait` returns only when nothing is held or being deleted.
+new one waits for the one before); a held folder is only renamed, never touched, until :meth:`begin` or
+:meth:`wait`; and :meth:`wait` returns only when nothing is held or being deleted. A replay stopped before
+:meth:`wait` leaves its folders renamed aside; the next replay on the same tiers finds them (:func:`left_aside`)
+and deletes them before its first probe.
 
 Holding is for folders a device probe may sit beside without harm: a round's last run's, and the probe's own. They
 wait, untouched, while the next round's probe measures the devices (:meth:`quiet` waits only for a deletion in

@@ -79,8 +79,8 @@ __all__ = ["register", "run_replay", "SYSTEMS", "disk_warning", "check_setup", "
 
 SYSTEMS = ("kvstream", "kvstream-only", "kvstream+compute", "bidaw-only", "lmcache-like")
 # The default comparison: the full system and its ablations, two tiers or one x Bidaw's scheduling or FCFS. Each
-# runs --rounds times (about a minute a run): 2 rounds of 4 are `make demo` (10 min 20 s from a clean clone on
-# the project VM, docs/bench/replay.md says where the time goes).
+# runs --rounds times (about a minute a run): 2 rounds of 4 are `make demo` (598-601 s from a clean clone on the
+# project VM, docs/bench/replay.md says where the time goes).
 DEFAULT_SYSTEMS = ("kvstream", "kvstream-only", "bidaw-only", "lmcache-like")
 # The other baselines of compute joins the meet-in-the-middle (kvstream.compute), by name only:
 # ``--systems kvstream+compute,kvstream-only,recompute-only,load-only`` is that comparison.
