@@ -18,6 +18,21 @@ def _fill(d: Path, n: int = 3) -> None:
         (d / "chunks" / "ab" / f"{i}.kvc").write_bytes(b"x" * 4096)
 
 
+def _gated_rmtree(monkeypatch: pytest.MonkeyPatch) -> tuple[threading.Event, threading.Event]:
+    """Every rmtree of the removal blocks until ``gate`` is set; ``entered`` is set once one has begun."""
+    gate = threading.Event()
+    entered = threading.Event()
+    real = _folder_removal.shutil.rmtree
+
+    def slow_rmtree(path: Path, ignore_errors: bool = False) -> None:
+        entered.set()
+        assert gate.wait(10)
+        real(path, ignore_errors=ignore_errors)
+
+    monkeypatch.setattr(_folder_removal.shutil, "rmtree", slow_rmtree)
+    return gate, entered
+
+
 def test_folders_are_gone_after_wait_and_the_name_is_free_at_once(tmp_path: Path) -> None:
     a, b = tmp_path / "replay-kvstream", tmp_path / "replay-lmcache-like"
     _fill(a)
@@ -36,16 +51,7 @@ def test_folders_are_gone_after_wait_and_the_name_is_free_at_once(tmp_path: Path
 def test_wait_blocks_until_the_removal_has_finished(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The guarantee the replay's measurements rest on: wait() returns only after the deletion is over (here the
     rmtree is held until the test lets it go: wait must not return before)."""
-    gate = threading.Event()
-    entered = threading.Event()
-    real = _folder_removal.shutil.rmtree
-
-    def slow_rmtree(path: Path, ignore_errors: bool = False) -> None:
-        entered.set()
-        assert gate.wait(10)
-        real(path, ignore_errors=ignore_errors)
-
-    monkeypatch.setattr(_folder_removal.shutil, "rmtree", slow_rmtree)
+    gate, entered = _gated_rmtree(monkeypatch)
     d = tmp_path / "replay-kvstream"
     _fill(d)
     removal = FolderRemoval()
@@ -107,16 +113,7 @@ def test_wait_deletes_what_is_held_even_without_begin(tmp_path: Path) -> None:
 
 def test_begin_waits_for_the_deletion_in_flight(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """At most one deletion at a time: begin() with one in flight returns only once it has finished."""
-    gate = threading.Event()
-    entered = threading.Event()
-    real = _folder_removal.shutil.rmtree
-
-    def slow_rmtree(path: Path, ignore_errors: bool = False) -> None:
-        entered.set()
-        assert gate.wait(10)
-        real(path, ignore_errors=ignore_errors)
-
-    monkeypatch.setattr(_folder_removal.shutil, "rmtree", slow_rmtree)
+    gate, entered = _gated_rmtree(monkeypatch)
     first, second = tmp_path / "one", tmp_path / "two"
     _fill(first)
     _fill(second)
