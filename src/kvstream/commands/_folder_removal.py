@@ -62,8 +62,8 @@ class FolderRemoval:
         self._held: list[Path] = []
 
     def start(self, folders: Iterable[Path]) -> list[Path]:
-        """Rename each existing folder aside and delete the renamed folders (and any held ones) in a background
-        thread, once the deletion in flight has finished. Returns the names they were renamed to (gone when
+        """Rename each existing folder aside and delete the renamed folders (and any held ones) in the background
+        (:meth:`begin`), once the deletion in flight has finished. Returns the names they were renamed to (gone when
         :meth:`wait` returns). A folder that cannot be renamed is deleted where it is, in the background too."""
         aside = self.hold(folders)
         self.begin()
