@@ -34,12 +34,12 @@ import uuid
 from collections.abc import Iterable
 from pathlib import Path
 
-__all__ = ["FolderRemoval", "is_aside", "left_aside"]
+__all__ = ["FolderRemoval", "left_aside"]
 
 _ASIDE = ".removing-"  # a folder renamed aside: <name>.removing-<8 hex>
 
 
-def is_aside(folder: Path) -> bool:
+def _is_aside(folder: Path) -> bool:
     """Whether ``folder`` is one a :class:`FolderRemoval` renamed aside (to be deleted)."""
     return _ASIDE in folder.name
 
@@ -48,10 +48,7 @@ def left_aside(base: Path, prefix: str) -> list[Path]:
     """The folders under ``base`` named ``<prefix>*`` that a :class:`FolderRemoval` renamed aside and never
     deleted: a replay stopped (killed, or its machine lost) while it held them or was deleting them. Each is up to
     a tier's capacity of chunk files nobody will read."""
-    try:
-        return sorted(p for p in base.glob(f"{prefix}*{_ASIDE}*") if p.is_dir() and not p.is_symlink())
-    except OSError:
-        return []
+    return sorted(p for p in base.glob(f"{prefix}*{_ASIDE}*") if p.is_dir() and not p.is_symlink())
 
 
 class FolderRemoval:
@@ -76,7 +73,7 @@ class FolderRemoval:
         for d in folders:
             if not d.exists():
                 continue
-            if is_aside(d):  # already renamed aside (left by a replay that was stopped): deleted as it is
+            if _is_aside(d):  # already renamed aside (left by a replay that was stopped): deleted as it is
                 aside.append(d)
                 continue
             target = d.with_name(f"{d.name}{_ASIDE}{uuid.uuid4().hex[:8]}")
