@@ -9,12 +9,31 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 what="${1:-main}"
 PY="${PYTHON:-python3}"
+# pip 22.3 or later can install into another interpreter's environment (pip --python).
+pip_can_target() {
+  "$PY" -m pip --version 2>/dev/null | awk '{split($2, v, "."); exit !(v[1] > 22 || (v[1] == 22 && v[2] >= 3))}'
+}
 if [ "$what" != dfs ] && [ ! -x .venv/bin/python ]; then
-  # The pip a Python >= 3.11 venv comes with (22.3 or later) installs everything here, editable included; upgrading
-  # it first added 3 s to make demo and one more download.
-  "$PY" -m venv .venv
+  # Where this Python has such a pip, .venv is made without one and the first install below puts pip in it with
+  # everything else: venv's own ensurepip compiles all of pip and took 6 s of make demo's budget, this takes 2.
+  # Otherwise the pip a Python >= 3.11 venv comes with (22.3 or later) installs everything here, editable included.
+  if pip_can_target; then
+    "$PY" -m venv --without-pip .venv
+  else
+    "$PY" -m venv .venv
+  fi
 fi
-pip() { .venv/bin/python -m pip "$@"; }
+pip() {
+  if .venv/bin/python -c 'import pip' 2>/dev/null; then
+    .venv/bin/python -m pip "$@"
+  elif [ "$1" = install ]; then
+    shift
+    "$PY" -m pip --python .venv/bin/python install pip "$@"
+  else
+    echo "scripts/setup.sh: .venv has no pip; run: .venv/bin/python -m ensurepip" >&2
+    exit 1
+  fi
+}
 # A second run with nothing changed skips pip (its editable reinstall alone took 25 s, a twelfth of `make demo`'s
 # budget): the stamp names this checkout, the interpreter and every file that decides what gets installed.
 stamp=".venv/.kvstream-setup-$what"
