@@ -521,6 +521,7 @@ def run_replay(args: argparse.Namespace) -> dict[str, Any]:
             notes.append(f"Using an EMULATED shared tier instead: a RAM-backed folder ({shm_dir}) throttled to a set "
                          "bandwidth. Its bandwidth is set, not measured; pass --no-emulate to keep both tiers on the "
                          "one device, or --tier NAME=PATH for real mounts.")
+    notes.extend(discard_notes(tiers))
     print(f"replay: {wl_desc}; {cost.model.name} on {args.tp}x {cost.gpu.name} (modelled), "
           f"{cost.model.chunk_bytes() / 2**20:.0f} MiB chunks, GPU KV {args.gpu_kv}, host memory {args.memory}; "
           f"arrivals x{args.speed}", file=sys.stderr)
@@ -877,6 +878,27 @@ def tier_rates(tiers: list[dict[str, float]]) -> list[tuple[float, float]]:
         kept = [min(t["joint_read_bw"] / q, 1.0) if q > 0 else 1.0 for t, (q, _) in zip(tiers, alone)]
         return [(q * k, m * k) for (q, m), k in zip(alone, kept)]
     return alone
+
+
+def discard_notes(tiers: list[tuple[str, Path]]) -> list[str]:
+    """A note for each tier folder on a file system mounted with online ``discard``
+    (:func:`kvstream.tiers.mounts.online_discard`): it explains a tier that writes, and reads beside its writes,
+    slower than its probe alone suggests. The tiers are used as they are; nothing is changed."""
+    from kvstream.tiers.mounts import mount_point_of, nearest_existing, online_discard
+
+    notes = []
+    for name, folder in tiers:
+        try:
+            if not online_discard(folder):
+                continue
+            where = mount_point_of(nearest_existing(folder))
+        except OSError:
+            continue
+        notes.append(f"tier '{name}' ({folder}) is on a file system mounted with online discard ({where}): on the "
+                     "project's VM that made every new chunk file write at about half the speed of a write in "
+                     "place, and reads beside those writes slower (BENCHMARKS 1.5). For serving, mount it with "
+                     "nodiscard and run fstrim periodically.")
+    return notes
 
 
 def in_run_bound(loads: list[dict[str, Any]], tiers: list[dict[str, float]]) -> tuple[float, float]:

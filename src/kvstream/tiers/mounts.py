@@ -20,7 +20,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-__all__ = ["nearest_existing", "mount_point_of", "mount_problem"]
+__all__ = ["nearest_existing", "mount_point_of", "mount_problem", "mount_options", "online_discard"]
 
 
 def nearest_existing(path: Path) -> Path:
@@ -72,3 +72,42 @@ def mount_problem(folder: Path, *, require_mount: bool, mount_point: str | None)
                 "meant for this tier mounted? Mount it and open the store again (nothing was created), or set "
                 "require_mount: false if this tier is meant to be on the root disk")
     return None
+
+
+def mount_options(path: Path, *, mountinfo: Path = Path("/proc/self/mountinfo")) -> frozenset[str]:
+    """The options of the file system holding ``path`` (or its nearest existing ancestor): the mount's own and its
+    super block's, as ``/proc/self/mountinfo`` gives them (names only: ``discard``, ``ro``, ``relatime``). Empty
+    when the mount cannot be found or the file cannot be read (not Linux, a sandbox). Of several mounts of one
+    file system (bind mounts), the one whose mount point is the longest prefix of the path."""
+    here = Path(os.path.realpath(nearest_existing(path)))
+    dev = os.stat(here).st_dev
+    want = f"{os.major(dev)}:{os.minor(dev)}"
+    try:
+        lines = mountinfo.read_text().splitlines()
+    except OSError:
+        return frozenset()
+    best: tuple[int, frozenset[str]] | None = None
+    for line in lines:
+        fields = line.split()
+        # id parent major:minor root mount_point mount_options [optional...] - fstype source super_options
+        if len(fields) < 10 or fields[2] != want or "-" not in fields[6:]:
+            continue
+        point = Path(fields[4].replace("\\040", " "))
+        if here != point and point not in here.parents:
+            continue
+        sep = fields.index("-", 6)
+        names = {o.split("=", 1)[0] for o in fields[5].split(",")}
+        if len(fields) > sep + 3:
+            names |= {o.split("=", 1)[0] for o in fields[sep + 3].split(",")}
+        depth = len(point.parts)
+        if best is None or depth > best[0]:
+            best = (depth, frozenset(names))
+    return best[1] if best else frozenset()
+
+
+def online_discard(path: Path, *, mountinfo: Path = Path("/proc/self/mountinfo")) -> bool:
+    """Whether the file system holding ``path`` is mounted with online ``discard``: every freed block is discarded
+    as it is freed. On the project's VM (ext4 on a virtio disk) that made each write into a new chunk file cost the
+    disk about twice a write in place (BENCHMARKS §1.5); the usual advice is ``nodiscard`` and a periodic
+    ``fstrim``."""
+    return "discard" in mount_options(path, mountinfo=mountinfo)
