@@ -13,6 +13,7 @@ import pytest
 from kvstream.cli import main
 from kvstream.commands import probe as probe_mod
 from kvstream.commands.probe import disks_behind, probe, same_device_warnings
+from kvstream.tiers.mounts import discard_note, online_discard
 from kvstream.io import make_engine
 
 
@@ -30,7 +31,10 @@ def test_two_folders_of_one_file_system_are_warned_about(disk_tmp: Path, capsys:
     out, err = capsys.readouterr()
     assert rc == 0
     assert json.loads(out)["warnings"] == warnings
-    assert err.splitlines() == [f"probe: warning: {warnings[0]}"]  # stderr is not a terminal: no progress bar
+    # the discard note is said of every folder on a discard mount (this machine's disk may be one), nothing else
+    notes = json.loads(out)["notes"]
+    assert notes == ([discard_note("tier folder", a), discard_note("tier folder", b)] if online_discard(a) else [])
+    assert err.splitlines() == [f"probe: warning: {warnings[0]}"] + [f"probe: note: {n}" for n in notes]  # no bar
 
 
 def test_different_file_systems_without_a_common_disk_are_not_warned_about(disk_tmp: Path) -> None:

@@ -52,6 +52,21 @@ def test_an_unreadable_mountinfo_says_nothing(tmp_path: Path):
     assert not online_discard(tmp_path, mountinfo=tmp_path / "missing")
 
 
+def test_the_note_names_the_tier_its_folder_and_the_mount(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setattr(mounts, "online_discard", lambda p: True)
+    note = mounts.discard_note("tier 'local'", tmp_path / "tier")
+    assert note is not None and note.startswith(f"tier 'local' ({tmp_path / 'tier'}) is on a file system mounted")
+    assert "nodiscard" in note and "fstrim" in note
+    monkeypatch.setattr(mounts, "online_discard", lambda p: False)
+    assert mounts.discard_note("tier 'local'", tmp_path) is None
+
+    def unreadable(p: Path) -> bool:
+        raise PermissionError(13, "denied")
+
+    monkeypatch.setattr(mounts, "online_discard", unreadable)
+    assert mounts.discard_note("tier 'local'", tmp_path) is None
+
+
 @pytest.mark.parametrize("discard", [True, False])
 def test_the_replay_notes_a_tier_on_a_discard_mount(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, discard: bool):
     local, shared = tmp_path / "local", tmp_path / "shared"

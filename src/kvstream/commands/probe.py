@@ -38,6 +38,7 @@ from kvstream.io import make_engine
 from kvstream.io.buffers import ALIGN
 from kvstream.io.engine import IOEngine
 from kvstream.io.rawread import RawResult, direct_io_problem, read_files, read_tiers_concurrently, write_files
+from kvstream.tiers.mounts import discard_note
 
 __all__ = ["register", "parse_size", "probe", "same_device_warnings", "disks_behind"]
 
@@ -86,10 +87,16 @@ def _run(args: argparse.Namespace) -> int:
     warnings = same_device_warnings(paths)
     for w in warnings:
         print(f"probe: warning: {w}", file=sys.stderr)
+    # What the mount does to writes (kvstream.tiers.mounts.discard_note): a note, not a warning, since the figures
+    # below are what this mount gives.
+    notes = [n for n in (discard_note("tier folder", p) for p in paths) if n]
+    for n in notes:
+        print(f"probe: note: {n}", file=sys.stderr)
     with _progress(len(paths)) as step:
         report = probe(paths, file_bytes=args.size, total_bytes=args.total, depth=args.depth, engine=engine,
                        on_step=step)
     report["warnings"] = warnings
+    report["notes"] = notes
     if args.json:
         json.dump(report, sys.stdout, indent=2)
         print()
@@ -375,3 +382,5 @@ def _print_table(report: dict[str, Any]) -> None:
     console.print(f"all tiers read at once (sum of the column above, the aggregate-bandwidth bound): {a['read_gbps']:.2f} GB/s{tail}")
     for w in report.get("warnings", []):  # said on stderr at the start too; repeated beside the figure it qualifies
         console.print(f"warning: {w}")
+    for n in report.get("notes", []):
+        console.print(f"note: {n}")

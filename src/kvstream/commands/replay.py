@@ -884,21 +884,9 @@ def discard_notes(tiers: list[tuple[str, Path]]) -> list[str]:
     """A note for each tier folder on a file system mounted with online ``discard``
     (:func:`kvstream.tiers.mounts.online_discard`): it explains a tier that writes, and reads beside its writes,
     slower than its probe alone suggests. The tiers are used as they are; nothing is changed."""
-    from kvstream.tiers.mounts import mount_point_of, nearest_existing, online_discard
+    from kvstream.tiers.mounts import discard_note
 
-    notes = []
-    for name, folder in tiers:
-        try:
-            if not online_discard(folder):
-                continue
-            where = mount_point_of(nearest_existing(folder))
-        except OSError:
-            continue
-        notes.append(f"tier '{name}' ({folder}) is on a file system mounted with online discard ({where}): on the "
-                     "project's VM that made every new chunk file write at about half the speed of a write in "
-                     "place, and reads beside those writes slower (BENCHMARKS 1.5). For serving, mount it with "
-                     "nodiscard and run fstrim periodically.")
-    return notes
+    return [n for n in (discard_note(f"tier '{name}'", folder) for name, folder in tiers) if n]
 
 
 def in_run_bound(loads: list[dict[str, Any]], tiers: list[dict[str, float]]) -> tuple[float, float]:

@@ -20,7 +20,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-__all__ = ["nearest_existing", "mount_point_of", "mount_problem", "mount_options", "online_discard"]
+__all__ = ["nearest_existing", "mount_point_of", "mount_problem", "mount_options", "online_discard", "discard_note"]
 
 
 def nearest_existing(path: Path) -> Path:
@@ -111,3 +111,18 @@ def online_discard(path: Path, *, mountinfo: Path = Path("/proc/self/mountinfo")
     disk about twice a write in place (BENCHMARKS §1.5); the usual advice is ``nodiscard`` and a periodic
     ``fstrim``."""
     return "discard" in mount_options(path, mountinfo=mountinfo)
+
+
+def discard_note(label: str, folder: Path) -> str | None:
+    """What ``kvstream replay`` and ``kvstream probe`` say of a tier folder on a file system mounted with online
+    ``discard`` (:func:`online_discard`), or None (not such a mount, or it cannot be looked at). ``label``: how the
+    tier is named in the note (``tier 'local'``)."""
+    try:
+        if not online_discard(folder):
+            return None
+        where = mount_point_of(nearest_existing(folder))
+    except OSError:
+        return None
+    return (f"{label} ({folder}) is on a file system mounted with online discard ({where}): on the project's VM "
+            "that made every new chunk file write at about half the speed of a write in place, and reads beside "
+            "those writes slower (BENCHMARKS 1.5). For serving, mount it with nodiscard and run fstrim periodically.")
