@@ -87,16 +87,15 @@ def _run(args: argparse.Namespace) -> int:
     warnings = same_device_warnings(paths)
     for w in warnings:
         print(f"probe: warning: {w}", file=sys.stderr)
-    # What the mount does to writes (kvstream.tiers.mounts.discard_note): a note, not a warning, since the figures
-    # below are what this mount gives.
-    notes = [n for n in (discard_note("tier folder", p) for p in paths) if n]
-    for n in notes:
-        print(f"probe: note: {n}", file=sys.stderr)
     with _progress(len(paths)) as step:
         report = probe(paths, file_bytes=args.size, total_bytes=args.total, depth=args.depth, engine=engine,
                        on_step=step)
     report["warnings"] = warnings
-    report["notes"] = notes
+    # What the mount does to writes (kvstream.tiers.mounts.discard_note): a note, not a warning, since the figures
+    # are what this mount gives; said once the folders proved usable (a bad PATH is a one-line error, nothing more).
+    report["notes"] = notes = [n for n in (discard_note("tier folder", p) for p in paths) if n]
+    for n in notes:
+        print(f"probe: note: {n}", file=sys.stderr)
     if args.json:
         json.dump(report, sys.stdout, indent=2)
         print()
