@@ -53,24 +53,69 @@ def test_an_unreadable_mountinfo_says_nothing(tmp_path: Path):
 
 
 def test_the_note_names_the_tier_its_folder_and_the_mount(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
-    monkeypatch.setattr(mounts, "online_discard", lambda p: True)
-    note = mounts.discard_note("tier 'local'", tmp_path / "tier")
+    dev = os.stat(tmp_path).st_dev
+    point = str(tmp_path.parent)
+    mi = _mountinfo(tmp_path, _line(20, dev, "/", "rw", "rw"), _line(21, dev, point, "rw,discard", "rw"))
+    note = mounts.discard_note("tier 'local'", tmp_path / "tier", mountinfo=mi)
     assert note is not None and note.startswith(f"tier 'local' ({tmp_path / 'tier'}) is on a file system mounted")
+    assert f"({point})" in note, "the note names the mount found, not the root"
     assert "nodiscard" in note and "fstrim" in note
-    monkeypatch.setattr(mounts, "online_discard", lambda p: False)
-    assert mounts.discard_note("tier 'local'", tmp_path) is None
+    quiet = _mountinfo(tmp_path, _line(20, dev, "/", "rw", "rw"))
+    assert mounts.discard_note("tier 'local'", tmp_path, mountinfo=quiet) is None
+    assert mounts.discard_note("tier 'local'", tmp_path, mountinfo=tmp_path / "missing") is None
 
-    def unreadable(p: Path) -> bool:
+    def unreadable(p: Path) -> Path:
         raise PermissionError(13, "denied")
 
-    monkeypatch.setattr(mounts, "online_discard", unreadable)
-    assert mounts.discard_note("tier 'local'", tmp_path) is None
+    monkeypatch.setattr(mounts, "nearest_existing", unreadable)
+    assert mounts.discard_note("tier 'local'", tmp_path, mountinfo=mi) is None
+
+
+def test_mountinfo_lines_are_parsed_with_their_escapes(tmp_path: Path):
+    mi = _mountinfo(tmp_path,
+                    "36 35 98:0 /mnt1 /mnt/my\\040disk rw,noatime master:1 - ext3 /dev/root\\040x rw,errors=continue",
+                    "not a mountinfo line",
+                    "37 35 0:5 / /proc rw shared:2 -",  # cut short: no type, no source
+                    "38 35 0:31 / /srv/pfs rw - fuse.glusterfs node1:/kv rw,user_id=0")
+    entries = mounts.mount_entries(mi)
+    assert [(e.device, e.point, e.fstype, e.source) for e in entries] == [
+        ("98:0", Path("/mnt/my disk"), "ext3", "/dev/root x"), ("0:31", Path("/srv/pfs"), "fuse.glusterfs", "node1:/kv")]
+    assert entries[0].options == {"rw", "noatime", "errors"}
+    assert mounts.mount_entries(tmp_path / "missing") == []
+
+
+def test_the_mount_source_of_a_device_number(tmp_path: Path):
+    """What ``kvstream probe`` looks up for an anonymous device number (btrfs, overlay): the first mount's source."""
+    mi = _mountinfo(tmp_path, "40 1 0:44 / /data rw - btrfs /dev/nvme0n1p2 rw",
+                    "41 1 0:44 /snap /snap rw - btrfs /dev/nvme0n1p2 rw", "42 1 0:45 / /merged rw - overlay overlay rw")
+    assert mounts.mount_source(os.makedev(0, 44), mountinfo=mi) == "/dev/nvme0n1p2"
+    assert mounts.mount_source(os.makedev(0, 45), mountinfo=mi) == "overlay"
+    assert mounts.mount_source(os.makedev(0, 46), mountinfo=mi) is None
+    assert mounts.mount_source(os.makedev(0, 44), mountinfo=tmp_path / "missing") is None
+
+
+def test_the_real_mount_table_holds_every_existing_folder(tmp_path: Path):
+    """On the machine the tests run on: the mount found for a folder is on its device and is one of its ancestors."""
+    if not Path("/proc/self/mountinfo").is_file():
+        pytest.fail("no /proc/self/mountinfo: the tests run on Linux")
+    entry = mounts.mount_entry(tmp_path)
+    assert entry is not None
+    st = os.stat(tmp_path)
+    assert entry.device == f"{os.major(st.st_dev)}:{os.minor(st.st_dev)}"
+    assert entry.point == tmp_path.resolve() or entry.point in tmp_path.resolve().parents
 
 
 @pytest.mark.parametrize("discard", [True, False])
 def test_the_replay_notes_a_tier_on_a_discard_mount(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, discard: bool):
     local, shared = tmp_path / "local", tmp_path / "shared"
-    monkeypatch.setattr(mounts, "online_discard", lambda p: discard and p == local)
+    dev = os.stat(tmp_path).st_dev
+    mi = _mountinfo(tmp_path, _line(20, dev, "/", "rw", "rw,discard" if discard else "rw"))
+    real_entry = mounts.mount_entry
+
+    def entry(p: Path, mountinfo: Path = mi) -> mounts.MountEntry | None:  # discard only for the local tier
+        return real_entry(p, mountinfo=mi) if p == local else None
+
+    monkeypatch.setattr(mounts, "mount_entry", entry)
     notes = replay.discard_notes([("local", local), ("shared", shared)])
     if discard:
         assert len(notes) == 1 and "'local'" in notes[0] and "nodiscard" in notes[0] and "fstrim" in notes[0]

@@ -38,7 +38,7 @@ from kvstream.io import make_engine
 from kvstream.io.buffers import ALIGN
 from kvstream.io.engine import IOEngine
 from kvstream.io.rawread import RawResult, direct_io_problem, read_files, read_tiers_concurrently, write_files
-from kvstream.tiers.mounts import discard_note
+from kvstream.tiers.mounts import discard_note, mount_source
 
 __all__ = ["register", "parse_size", "probe", "same_device_warnings", "disks_behind"]
 
@@ -142,21 +142,6 @@ def _progress(n_paths: int, stream: TextIO | None = None) -> Iterator[Callable[[
 # ── same device ────────────────────────────────────────────────────────────────────────────────────────────
 
 
-def _mount_source(dev: int) -> str | None:
-    """The mount source (``/dev/...`` or a remote name) of the file system with device number ``dev``."""
-    want = f"{os.major(dev)}:{os.minor(dev)}"
-    try:
-        lines = Path("/proc/self/mountinfo").read_text().splitlines()
-    except OSError:
-        return None
-    for line in lines:
-        fields = line.split()
-        if len(fields) > 3 and fields[2] == want and "-" in fields:
-            rest = fields[fields.index("-") + 1:]
-            return rest[1] if len(rest) > 1 else None
-    return None
-
-
 def disks_behind(path: Path, *, sysfs: Path = Path("/sys"), _depth: int = 0) -> frozenset[str]:
     """The whole block devices (``nvme0n1``, ``sda``) that the file system holding ``path`` is stored on, through
     partitions, device-mapper/LVM and md (their ``slaves``) and loop devices (their backing file); empty when
@@ -164,7 +149,7 @@ def disks_behind(path: Path, *, sysfs: Path = Path("/sys"), _depth: int = 0) -> 
     dev = os.stat(path).st_dev
     node = sysfs / "dev" / "block" / f"{os.major(dev)}:{os.minor(dev)}"
     if not node.exists():  # an anonymous device number (btrfs, overlay, network): the mount source may name one
-        src = _mount_source(dev) if sysfs == Path("/sys") else None
+        src = mount_source(dev) if sysfs == Path("/sys") else None
         if not src or not src.startswith("/dev/"):
             return frozenset()
         try:

@@ -18,9 +18,12 @@ meant for ``/var/lib/pfs``) passes ``require_mount``; name the mount with ``moun
 from __future__ import annotations
 
 import os
+import re
+from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["nearest_existing", "mount_point_of", "mount_problem", "mount_options", "online_discard", "discard_note"]
+__all__ = ["nearest_existing", "mount_point_of", "mount_problem", "MountEntry", "mount_entries", "mount_entry", "mount_source",
+           "mount_options", "online_discard", "discard_note"]
 
 
 def nearest_existing(path: Path) -> Path:
@@ -74,35 +77,71 @@ def mount_problem(folder: Path, *, require_mount: bool, mount_point: str | None)
     return None
 
 
-def mount_options(path: Path, *, mountinfo: Path = Path("/proc/self/mountinfo")) -> frozenset[str]:
-    """The options of the file system holding ``path`` (or its nearest existing ancestor): the mount's own and its
-    super block's, as ``/proc/self/mountinfo`` gives them (names only: ``discard``, ``ro``, ``relatime``). Empty
-    when the mount cannot be found or the file cannot be read (not Linux, a sandbox). Of several mounts of one
-    file system (bind mounts), the one whose mount point is the longest prefix of the path."""
-    here = Path(os.path.realpath(nearest_existing(path)))
-    dev = os.stat(here).st_dev
-    want = f"{os.major(dev)}:{os.minor(dev)}"
+@dataclass(frozen=True)
+class MountEntry:
+    """One line of ``/proc/self/mountinfo``: a mount of a file system."""
+
+    device: str  # the file system's device number, "major:minor" (st_dev of every file on it)
+    point: Path  # where it is mounted
+    options: frozenset[str]  # option names, the mount's own and its super block's: discard, ro, relatime
+    fstype: str
+    source: str  # /dev/vda, a remote name (host:/export), or a pseudo name (tmpfs, overlay)
+
+
+def _unescape(field: str) -> str:
+    """mountinfo writes space, tab, newline and backslash in names as octal escapes (``\\040``)."""
+    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), field)
+
+
+def mount_entries(mountinfo: Path = Path("/proc/self/mountinfo")) -> list[MountEntry]:
+    """Every mount ``mountinfo`` lists, in its order; empty when it cannot be read (not Linux, a sandbox). Lines
+    that are not in mountinfo's format are skipped."""
     try:
         lines = mountinfo.read_text().splitlines()
     except OSError:
-        return frozenset()
-    best: tuple[int, frozenset[str]] | None = None
+        return []
+    entries = []
     for line in lines:
         fields = line.split()
         # id parent major:minor root mount_point mount_options [optional...] - fstype source super_options
-        if len(fields) < 10 or fields[2] != want or "-" not in fields[6:]:
-            continue
-        point = Path(fields[4].replace("\\040", " "))
-        if here != point and point not in here.parents:
+        if len(fields) < 10 or "-" not in fields[6:]:
             continue
         sep = fields.index("-", 6)
+        if len(fields) < sep + 3:
+            continue
         names = {o.split("=", 1)[0] for o in fields[5].split(",")}
         if len(fields) > sep + 3:
             names |= {o.split("=", 1)[0] for o in fields[sep + 3].split(",")}
-        depth = len(point.parts)
-        if best is None or depth > best[0]:
-            best = (depth, frozenset(names))
-    return best[1] if best else frozenset()
+        entries.append(MountEntry(device=fields[2], point=Path(_unescape(fields[4])), options=frozenset(names),
+                                  fstype=fields[sep + 1], source=_unescape(fields[sep + 2])))
+    return entries
+
+
+def _device(st_dev: int) -> str:
+    return f"{os.major(st_dev)}:{os.minor(st_dev)}"
+
+
+def mount_entry(path: Path, *, mountinfo: Path = Path("/proc/self/mountinfo")) -> MountEntry | None:
+    """The mount holding ``path`` (or its nearest existing ancestor), or None when mountinfo cannot be read or
+    does not list it. Of several mounts of one file system (bind mounts), the one whose mount point is the longest
+    prefix of the path. Raises ``OSError`` if the path's ancestors cannot be examined."""
+    here = Path(os.path.realpath(nearest_existing(path)))
+    want = _device(os.stat(here).st_dev)
+    holding = [e for e in mount_entries(mountinfo) if e.device == want and (e.point == here or e.point in here.parents)]
+    return max(holding, key=lambda e: len(e.point.parts), default=None)
+
+
+def mount_source(st_dev: int, *, mountinfo: Path = Path("/proc/self/mountinfo")) -> str | None:
+    """The source (``/dev/...``, a remote name) of the first mount of the file system with device number
+    ``st_dev``, or None. Used for anonymous device numbers (btrfs, overlay), which sysfs does not name."""
+    want = _device(st_dev)
+    return next((e.source for e in mount_entries(mountinfo) if e.device == want), None)
+
+
+def mount_options(path: Path, *, mountinfo: Path = Path("/proc/self/mountinfo")) -> frozenset[str]:
+    """The option names of the mount holding ``path`` (:func:`mount_entry`): empty when it cannot be found."""
+    entry = mount_entry(path, mountinfo=mountinfo)
+    return entry.options if entry else frozenset()
 
 
 def online_discard(path: Path, *, mountinfo: Path = Path("/proc/self/mountinfo")) -> bool:
@@ -113,16 +152,16 @@ def online_discard(path: Path, *, mountinfo: Path = Path("/proc/self/mountinfo")
     return "discard" in mount_options(path, mountinfo=mountinfo)
 
 
-def discard_note(label: str, folder: Path) -> str | None:
+def discard_note(label: str, folder: Path, *, mountinfo: Path = Path("/proc/self/mountinfo")) -> str | None:
     """What ``kvstream replay`` and ``kvstream probe`` say of a tier folder on a file system mounted with online
     ``discard`` (:func:`online_discard`), or None (not such a mount, or it cannot be looked at). ``label``: how the
     tier is named in the note (``tier 'local'``)."""
     try:
-        if not online_discard(folder):
-            return None
-        where = mount_point_of(nearest_existing(folder))
+        entry = mount_entry(folder, mountinfo=mountinfo)
     except OSError:
         return None
-    return (f"{label} ({folder}) is on a file system mounted with online discard ({where}): on the project's VM "
-            "that made every new chunk file write at about half the speed of a write in place, and reads beside "
+    if entry is None or "discard" not in entry.options:
+        return None
+    return (f"{label} ({folder}) is on a file system mounted with online discard ({entry.point}): on the project's "
+            "VM that made every new chunk file write at about half the speed of a write in place, and reads beside "
             "those writes slower (BENCHMARKS 1.5). For serving, mount it with nodiscard and run fstrim periodically.")
