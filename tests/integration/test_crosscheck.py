@@ -370,6 +370,26 @@ def test_the_joint_probe_reads_every_tier_at_once_and_sets_the_emulated_rate(tmp
     assert not (tmp_path / "s" / "replay-probe").exists()
 
 
+def test_the_joint_probe_keeps_the_window_in_which_the_tiers_read_the_most(tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch):
+    # A stall of a second on one tier (seen on the testbed's loop-mounted local tier) must not become the round's
+    # bound: of JOINT_PASSES windows the one with the most bytes in all counts, whatever its place.
+    from kvstream.commands import _tier_probe
+
+    windows = iter([[0.0, 1.0e9], [2.9e9, 0.9e9], [2.5e9, 1.0e9]])
+    seen = []
+
+    def window(stores, keys, chunk):
+        seen.append(len(stores))
+        return next(windows)
+
+    monkeypatch.setattr(_tier_probe, "_joint_read", window)
+    args = argparse.Namespace(emulate_gbps=0.4)
+    out = measure_tiers([("local", tmp_path / "l"), ("shared", tmp_path / "s")], args, MB, False, n=8)
+    assert seen == [2] * _tier_probe.JOINT_PASSES == [2, 2, 2]
+    assert (out["local"]["joint_read_bw"], out["shared"]["joint_read_bw"]) == (2.9e9, 0.9e9)
+
+
 def test_the_probe_hands_its_folders_over_after_closing_its_stores(tmp_path: Path):
     # The replay deletes a probe's folders while the first run sets up (FolderRemoval.hold): measure_tiers hands
     # them over once its stores are closed, instead of deleting them itself.
