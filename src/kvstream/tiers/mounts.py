@@ -22,8 +22,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["nearest_existing", "mount_point_of", "mount_problem", "MountEntry", "mount_entries", "mount_entry", "mount_source",
-           "mount_options", "online_discard", "discard_note"]
+__all__ = ["nearest_existing", "mount_point_of", "mount_problem", "MountEntry", "mount_entries", "mount_entry",
+           "mount_source", "mount_options", "online_discard", "discard_note"]
 
 
 def nearest_existing(path: Path) -> Path:
