@@ -25,6 +25,17 @@ def _disk_tmp_root() -> Path:
     return disk_tmp_root(REPO / ".test-tmp")
 
 
+@pytest.fixture(autouse=True)
+def _interpreter_switch_interval():
+    """A test that opens a store or runs a replay may lower Python's switch interval process-wide
+    (``python_switch_interval_s``, ``--switch-interval-ms``): put it back, so no test runs under another's."""
+    import sys
+
+    before = sys.getswitchinterval()
+    yield
+    sys.setswitchinterval(before)
+
+
 @pytest.fixture
 def disk_tmp():
     root = Path(tempfile.mkdtemp(prefix="kvstream-test-", dir=_disk_tmp_root()))

@@ -151,6 +151,9 @@ class StoreConfig:
     # A tier that fails its mount check (require_mount / mount_point) is a ConfigError (false) or opened down,
     # loudly, while the other tiers serve (true; the LMCache plugin's default).
     skip_unmounted_tiers: bool = False
+    # Lower the interpreter's thread switch interval to this at open (process-wide, never raised; None: leave it).
+    # Each chunk read passes the GIL between threads several times: kvstream.io.switch_interval.
+    python_switch_interval_s: float | None = None
 
     # -- construction ---------------------------------------------------------------------------------------
     @classmethod
@@ -229,6 +232,12 @@ class StoreConfig:
         if self.hedge_after_s is not None and not (0 < self.hedge_after_s < math.inf):
             raise ConfigError("hedge_after_s", f"must be a positive number of seconds (or null to turn hedging off), "
                                                f"got {self.hedge_after_s}")
+        if self.python_switch_interval_s is not None:
+            from kvstream.io.switch_interval import check_switch_interval
+
+            why = check_switch_interval(self.python_switch_interval_s)
+            if why is not None:
+                raise ConfigError("python_switch_interval_s", why + " (or null to leave the interpreter's)")
         if not _NODE_ID_RE.fullmatch(self.node_id) or self.node_id in (".", ".."):
             raise ConfigError("node_id", f"must be 1-64 letters, digits or _.- (it names files on shared tiers), "
                                          f"got {self.node_id[:80]!r}")
@@ -342,6 +351,11 @@ FIELD_DOCS: dict[str, str] = {
                                         "the other tiers serve, instead of refusing to open (under LMCache the "
                                         "default is true). Tiers whose file system fails at open (full, read-only, "
                                         "dead) are always opened down when another tier opens",
+    "StoreConfig.python_switch_interval_s": "lower Python's thread switch interval (`sys.setswitchinterval`) to "
+                                            "this many seconds at open, process-wide and never raised (null: "
+                                            "leave it). Each chunk read hands the GIL between threads several "
+                                            "times; at the default 5 ms a busy Python thread halved reads "
+                                            "(0.001 is what the benchmarks use; BENCHMARKS.md)",
     "StoreConfig.close_timeout_s": "how long close() waits for writes in flight; a stalled tier past it is closed "
                                    "in the background and named in close()'s report (null: wait for ever)",
 }

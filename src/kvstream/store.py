@@ -52,6 +52,7 @@ from kvstream.format import (
 from kvstream.health import CircuitBreaker
 from kvstream.io.buffers import CallerBuffer
 from kvstream.io.engine import IOEngine, make_engine
+from kvstream.io.switch_interval import lower_switch_interval
 from kvstream.replica_debt import CatchUp, OwedReplicas, ReplicaReport, check_replicas
 from kvstream.replication import CopyOrder, FullReplication, ReadObservation, parse_replication
 from kvstream.read_windows import make_read_windows
@@ -164,6 +165,8 @@ class Store:
 
     def __init__(self, config: StoreConfig, *, engine: IOEngine | None = None) -> None:
         self.config = config
+        if config.python_switch_interval_s is not None:
+            lower_switch_interval(config.python_switch_interval_s, by="python_switch_interval_s")
         # ``engine`` lets tests and fault drills wrap the real engine (kvstream.io.faults); normally from config.
         self.engine = engine if engine is not None else make_engine(config.io_engine)
         self.tiers: list[DirectoryTier] = []

@@ -764,9 +764,11 @@ def test_env_var_form_and_lmcache_yaml_load_the_plugin(disk_tmp, monkeypatch):
 def test_config_forms(disk_tmp):
     opts = parse_extra_config({"kvstream.tiers": f"a={disk_tmp / 'a'},b={disk_tmp / 'b'}",
                                "kvstream.capacity_bytes": "a=1GiB,b=2GiB", "kvstream.replication": "single",
-                               "kvstream.create_dirs": "false", "kvstream.flush_after_ms": "5"})
+                               "kvstream.create_dirs": "false", "kvstream.flush_after_ms": "5",
+                               "kvstream.python_switch_interval_s": "0.001"})
     assert [(t.name, t.capacity_bytes) for t in opts.store.tiers] == [("a", 1 << 30), ("b", 2 << 30)]
     assert opts.store.replication == "single" and opts.store.create_dirs is False
+    assert opts.store.python_switch_interval_s == pytest.approx(0.001)
     assert opts.flush_after_s == pytest.approx(0.005)
     f = disk_tmp / "kv.yaml"
     f.write_text("tiers:\n  - {name: local, path: local, capacity_bytes: 1GiB}\nrouter: mitm:2\n")

@@ -23,6 +23,8 @@ def test_replay_runs_systems_side_by_side(tmp_path, capsys):
     assert args.handler(args) == 0
     rep = json.loads(capsys.readouterr().out)
     assert [r["system"] for r in rep["results"]] == ["kvstream", "lmcache-like"]
+    # --switch-interval-ms' default leaves the interpreter's switch interval as it was (conftest: 5 ms)
+    assert rep["python_switch_interval_s"] == pytest.approx(0.005)
     # two rounds, the order rotated, each with its own tier probe and machine load
     assert [rd["order"] for rd in rep["rounds"]] == [["kvstream", "lmcache-like"], ["lmcache-like", "kvstream"]]
     assert all(rd["machine"]["seconds"] > 0 for rd in rep["rounds"])
@@ -115,6 +117,20 @@ def test_replay_takes_a_relative_out_folder(tmp_path, monkeypatch, capsys):
     rep = json.loads(capsys.readouterr().out)
     assert rep["results"][0]["summary"]["completed"] == 4
     assert (tmp_path / "rel-out" / "replay.json").exists()
+
+
+@pytest.mark.slow
+def test_replay_runs_at_the_switch_interval_asked_for(tmp_path, capsys):
+    import sys
+
+    sys.setswitchinterval(0.005)
+    args = _args(tmp_path, "--systems", "kvstream", "--requests", "4", "--switch-interval-ms", "1")
+    assert args.handler(args) == 0
+    rep = json.loads(capsys.readouterr().out)
+    assert rep["python_switch_interval_s"] == pytest.approx(0.001)
+    assert sys.getswitchinterval() == pytest.approx(0.001)
+    with pytest.raises(SystemExit):  # below the range: argparse names the option, nothing runs
+        _args(tmp_path, "--switch-interval-ms", "0.01")
 
 
 @pytest.mark.slow

@@ -60,6 +60,7 @@ from typing import TYPE_CHECKING, Any, Required, TypedDict
 from kvstream.commands._folder_removal import FolderRemoval, left_aside
 from kvstream.commands._tier_probe import EMULATE_RATIO, measure_tiers
 from kvstream.errors import NothingMeasuredError, UsageError
+from kvstream.io.switch_interval import lower_switch_interval
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator, Sequence
@@ -121,7 +122,7 @@ def _with_setup(args: argparse.Namespace) -> argparse.Namespace:
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     from kvstream.commands._common import (gpu_name, gpu_names, model_name, model_names, nonnegative_int,
                                            positive_float, positive_int, preset_name, preset_names,
-                                           size_text)
+                                           size_text, switch_interval_ms)
 
     from kvstream.commands._common import plain
 
@@ -178,6 +179,11 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                    help="also simulate kvstream-only with the bandwidths this run measured, and compare")
     p.add_argument("--keep", action="store_true", help="keep the tier folders afterwards")
     p.add_argument("--json", action="store_true", help="print the results as JSON")
+    p.add_argument("--switch-interval-ms", type=switch_interval_ms, default=0.0, metavar="MS",
+                   help="lower Python's thread switch interval to this for the whole replay, probes included, as "
+                        "the store's python_switch_interval_s does (a thread running Python halved a tier's reads "
+                        "at the interpreter's 5 ms; inside the replay 1 ms changed nothing measurable: "
+                        "BENCHMARKS §1.6); 0: leave it")
     p.add_argument("--seed", type=nonnegative_int, default=0, help="seed of the synthetic workload")
     p.set_defaults(handler=_run)
 
@@ -342,6 +348,8 @@ def _run_one(name: str, reqs: list[Request], tiers: list[tuple[str, Path]], args
         "memory_eviction": sysd["memory_eviction"],
         "create_dirs": True,
         "chunk_bytes": chunk_bytes,  # the store refuses, at open, a tier or host memory below one chunk
+        # Already lowered for the whole replay (run_replay) when asked; here too, as a deployment would set it.
+        "python_switch_interval_s": args.switch_interval_ms / 1e3 if args.switch_interval_ms else None,
     }
     engine = make_engine("auto")
     if emulated and len(use) == 2:
@@ -502,6 +510,8 @@ def run_replay(args: argparse.Namespace) -> dict[str, Any]:
     reqs, wl_desc = _workload(args)
     cost = CostModel(get_gpu(args.gpu), get_model_shape(args.model), args.tp)
     check_setup(args, reqs, cost)  # before anything is made
+    if args.switch_interval_ms:
+        lower_switch_interval(args.switch_interval_ms / 1e3, by="--switch-interval-ms")
     out.mkdir(parents=True, exist_ok=True)
     tiers, ours = _tier_paths(args, out)
     same = _same_device(tiers[0][1], tiers[1][1])
@@ -598,6 +608,7 @@ def run_replay(args: argparse.Namespace) -> dict[str, Any]:
             "speed": args.speed, "notes": notes,
             "shared_tier": "emulated" if emulated else ("same-device" if same else "real"),
             "emulate_gbps": args.emulate_gbps if emulated else None,
+            "python_switch_interval_s": sys.getswitchinterval(),
             "tiers": {t[0]: str(t[1]) for t in tiers},
             "measured_read_gbps": {k: statistics.median(r["measured_read_gbps"][k] for r in rounds)
                                    for k in (rounds[0]["measured_read_gbps"] if rounds else {})},

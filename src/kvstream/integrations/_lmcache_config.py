@@ -96,6 +96,9 @@ PLUGIN_KEYS: dict[str, PluginKey] = {
     "create_dirs": PluginKey(doc="create missing tier folders", store=True, tiers_default=True),
     "verify_reads": PluginKey(doc="check each chunk's checksum before LMCache sees it", store=True),
     "hedge_after_s": PluginKey(doc="re-read a slow chunk from another replica after this many seconds", store=True),
+    "python_switch_interval_s": PluginKey(
+        doc="lower Python's thread switch interval to this many seconds (process-wide, never raised): each chunk "
+            "read hands the GIL between threads several times, and vLLM's own threads hold it", store=True),
     "namespace": PluginKey(doc="extra string mixed into every key (separates caches sharing folders)",
                            type="str", default=""),
     "flush_after_ms": PluginKey(doc="deferred writes: longest wait before buffered puts go to the write queues",
@@ -167,7 +170,7 @@ STORE_KEYS: dict[str, str] = {
     "TierConfig.shared": "shared_tiers",
     **{f"StoreConfig.{k}": k for k in ("memory_bytes", "router", "replication", "io_engine", "create_dirs",
                                        "verify_reads", "hedge_after_s", "node_id", "node_state_path",
-                                       "skip_unmounted_tiers")},
+                                       "skip_unmounted_tiers", "python_switch_interval_s")},
 }
 
 # store fields a kvstream.<field> key may override, and how to read a string form of them
@@ -179,6 +182,7 @@ _STORE_OVERRIDES = {
     "create_dirs": "bool",
     "verify_reads": "bool",
     "hedge_after_s": "float?",
+    "python_switch_interval_s": "float?",
     "node_id": "str",
     "node_state_path": "str",
     "skip_unmounted_tiers": "bool",
