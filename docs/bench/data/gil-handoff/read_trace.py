@@ -53,6 +53,15 @@ oput = so.Store.put if hasattr(so.Store, "put") else None
 # writes: record tier write completions via writer if possible
 import kvstream.writer as wr
 from kvstream.cli import main
+# WIN_MIB=N: every tier's read window N MiB instead of read_inflight_bytes (the balanced windows then size the
+# slower tier's from it): 100 gives the local tier two 48 MiB reads in flight.
+W = int(os.environ.get("WIN_MIB", "0"))
+if W:
+    _make_windows = so.make_read_windows
+
+    def _windows(policy, budgets, **k):
+        return _make_windows(policy, [W << 20 for _ in budgets], **k)
+    so.make_read_windows = _windows
 import collections, statistics as S
 def analyse(path):
   L=json.load(open(path))
