@@ -23,21 +23,17 @@ Run it alone: ``flock /tmp/kvs-bench.lock .venv/bin/python bench/gil_handoff.py 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
-
-def _spin(stop: threading.Event) -> None:
-    n = 0
-    while not stop.is_set():
-        n += 1
+from serving_bound import ServingThread  # bench/ is this script's folder, so its first import path
 
 
 def child(args: argparse.Namespace) -> dict[str, list[float]]:
@@ -78,18 +74,13 @@ def child(args: argparse.Namespace) -> dict[str, list[float]]:
             out.setdefault("raw", []).append(raw.gbps)
             for busy in (False, True):
                 for mode, store in stores.items():
-                    stop = threading.Event()
-                    spinner = threading.Thread(target=_spin, args=(stop,), daemon=True)
-                    if busy:
-                        spinner.start()
                     store.evict_memory()
-                    t0, got = time.perf_counter(), 0
-                    for b in range(0, n, 8):
-                        got += sum(1 for _, c in store.read_chunks(keys[b:b + 8]) if c is not None)
-                    dt = time.perf_counter() - t0
-                    stop.set()
-                    if busy:
-                        spinner.join()
+                    # busy: serving_bound's serving thread, holding the GIL all of every period
+                    with ServingThread(busy_ms=50, period_ms=50) if busy else contextlib.nullcontext():
+                        t0, got = time.perf_counter(), 0
+                        for b in range(0, n, 8):
+                            got += sum(1 for _, c in store.read_chunks(keys[b:b + 8]) if c is not None)
+                        dt = time.perf_counter() - t0
                     if got != n:
                         raise SystemExit(f"{mode}: {n - got} of {n} chunks missed")
                     out.setdefault(f"{mode}-{'busy' if busy else 'quiet'}", []).append(got * chunk / dt / 1e9)

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 from kvstream.errors import UsageError
+from kvstream.io.switch_interval import MAX_SWITCH_INTERVAL_S, MIN_SWITCH_INTERVAL_S, check_switch_interval
 
 __all__ = [
     "EXTRAS",
@@ -138,9 +139,10 @@ positive_int = _number(int, "an integer", lambda v: v >= 1, "at least 1")
 nonnegative_int = _number(int, "an integer", lambda v: v >= 0, "0 or more")
 positive_float = _number(float, "a number", lambda v: v > 0 and v == v and v != float("inf"), "a positive number")
 nonnegative_float = _number(float, "a number", lambda v: v >= 0 and v == v and v != float("inf"), "0 or more")
-# --switch-interval-ms: 0 (leave the interpreter's), or kvstream.io.switch_interval's range in milliseconds
-switch_interval_ms = _number(float, "a number of milliseconds", lambda v: v == 0 or 0.1 <= v <= 100,
-                             "0 (leave it) or 0.1-100")
+# --switch-interval-ms: 0 (leave the interpreter's), or a value kvstream.io.switch_interval takes, in milliseconds
+switch_interval_ms = _number(float, "a number of milliseconds",
+                             lambda v: v == 0 or check_switch_interval(v / 1e3) is None,
+                             f"0 (leave it) or {MIN_SWITCH_INTERVAL_S * 1e3:g}-{MAX_SWITCH_INTERVAL_S * 1e3:g}")
 
 
 # A command-line word that is a value even though it starts with a dash: a dash, then a digit or a dot and a digit

@@ -51,8 +51,9 @@ def measure_tiers(tiers: list[tuple[str, Path]], args: argparse.Namespace, chunk
     fell to the other tier's rate; in every other probe on record a tier kept 0.71-1.12 of its alone rate at
     once. (Always three windows cost ``make demo`` about 6 s, which it did not have.) (Not beside writes as well:
     a window of bursts on every tier at once cost 3-5 s more per probe, writing and deleting up to 2.4 GB per
-    tier, and one such probe gave the local disk 0.15 GB/s and the next 1.9: this VM's disk finishes a burst's writes before the reads beside it, so a short window says
-    more about where the burst stood than about the disk.)
+    tier, and one such probe gave the local disk 0.15 GB/s and the next 1.9: this VM's disk finishes a burst's
+    writes before the reads beside it, so a short window says more about where the burst stood than about the
+    disk.)
 
     ``emulated``: the second tier is throttled to ``args.emulate_gbps`` GB/s; if that is None it is set here,
     once the first tier's read rate is known (that rate over :data:`EMULATE_RATIO`), and ``on_emulated(local,

@@ -348,8 +348,6 @@ def _run_one(name: str, reqs: list[Request], tiers: list[tuple[str, Path]], args
         "memory_eviction": sysd["memory_eviction"],
         "create_dirs": True,
         "chunk_bytes": chunk_bytes,  # the store refuses, at open, a tier or host memory below one chunk
-        # Already lowered for the whole replay (run_replay) when asked; here too, as a deployment would set it.
-        "python_switch_interval_s": args.switch_interval_ms / 1e3 if args.switch_interval_ms else None,
     }
     engine = make_engine("auto")
     if emulated and len(use) == 2:

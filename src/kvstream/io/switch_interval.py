@@ -9,8 +9,8 @@ idle, and a few of them per chunk cost as much as the read.
 
 Measured on 2026-12-06 (``bench/gil_handoff.py``: 24 chunks of 48 MiB read through a store in steps of 8,
 medians of 6 passes, the local disk and an emulated 1.1 GB/s tier; "busy": one other Python thread running a loop
-the whole time): at 5 ms the busy thread took one tier from 3.26 to 1.67 GB/s and two tiers from 3.56 to 2.11; at
-1 ms they read 2.64 and 2.74. Inside ``kvstream replay``, whose serving, put and probe threads wait on the GIL
+the whole time): at 5 ms the busy thread took one tier from 3.17 to 1.69 GB/s and two tiers from 3.58 to 2.12; at
+1 ms they read 2.68 and 2.96. Inside ``kvstream replay``, whose serving, put and probe threads wait on the GIL
 6-10 % of the time, 1 ms changed nothing measurable (four runs, alternated: kvstream's local tier read 0.77-0.88
 GB/s per busy second at 5 ms and 0.71-0.90 at 1 ms; BENCHMARKS §1.6): it matters where the host keeps a thread
 running Python.
