@@ -8,7 +8,7 @@ import math
 
 import pytest
 
-from kvstream.commands.replay import in_run_bound, tier_rates
+from kvstream.commands.replay import above_in_run_bound, in_run_bound, tier_rates
 
 LOCAL = {"read_bw": 2.0e9, "mixed_read_bw": 0.5e9}
 SHARED = {"read_bw": 1.0e9, "mixed_read_bw": 0.8e9}
@@ -73,3 +73,11 @@ def test_a_multi_tier_system_is_held_to_its_tiers_read_at_once() -> None:
     # a joint figure above the alone one is the probe's noise: capped at the alone figures
     noisy = {**LOCAL, "joint_read_bw": 2.5e9}
     assert tier_rates([noisy, shared]) == [pytest.approx((2.0e9, 0.5e9)), pytest.approx((0.9e9, 0.72e9))]
+
+
+def test_loads_above_the_in_run_bound_are_named_and_the_rest_are_not() -> None:
+    results = [{"system": "kvstream", "summary": {"load_of_bound_in_run": 1.40}},
+               {"system": "bidaw-only", "summary": {"load_of_bound_in_run": 1.05}},  # at the margin: not named
+               {"system": "lmcache-like", "summary": {"load_of_bound_in_run": math.nan}},
+               {"system": "kvstream-only", "summary": {}}]
+    assert above_in_run_bound(results) == [("kvstream", pytest.approx(1.40))]
