@@ -89,6 +89,11 @@ def test_a_fifo_at_a_chunk_path_is_a_miss_on_that_tier_not_a_hang(disk_tmp):
         assert not t.is_alive(), "get_many hung on a FIFO at a chunk path"
         out = result[0]
         assert all(v is not None and bytes(v) == data[k] for k, v in zip(keys, out))  # the other replica
+        # The FIFO may be met by an open ahead of the claims, on an open thread, after the other replica already
+        # delivered the chunk and the call returned: its classification is eventual, not part of the call.
+        deadline = time.monotonic() + 10
+        while s.tiers[0].counters.corrupt_chunks == 0 and time.monotonic() < deadline:
+            time.sleep(0.01)
         assert s.tiers[0].counters.corrupt_chunks == 1 and s.tiers[0].counters.read_errors == 0  # not a tier fault
         assert not s.tiers[0].contains(keys[1])  # quarantined: not offered again
 
