@@ -17,6 +17,7 @@ import numpy as np
 
 import kvstream
 from kvstream.format import ChunkMeta
+from kvstream.testing.store import wait_for
 
 
 def cfg_for(root, **kw):
@@ -91,9 +92,7 @@ def test_a_fifo_at_a_chunk_path_is_a_miss_on_that_tier_not_a_hang(disk_tmp):
         assert all(v is not None and bytes(v) == data[k] for k, v in zip(keys, out))  # the other replica
         # The FIFO may be met by an open ahead of the claims, on an open thread, after the other replica already
         # delivered the chunk and the call returned: its classification is eventual, not part of the call.
-        deadline = time.monotonic() + 10
-        while s.tiers[0].counters.corrupt_chunks == 0 and time.monotonic() < deadline:
-            time.sleep(0.01)
+        wait_for(lambda: s.tiers[0].counters.corrupt_chunks > 0, timeout=10)
         assert s.tiers[0].counters.corrupt_chunks == 1 and s.tiers[0].counters.read_errors == 0  # not a tier fault
         assert not s.tiers[0].contains(keys[1])  # quarantined: not offered again
 

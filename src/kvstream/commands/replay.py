@@ -943,7 +943,7 @@ def above_in_run_bound(results: list[dict[str, Any]]) -> list[tuple[str, float]]
     """``(system, share)`` for each system whose loads read faster than :func:`in_run_bound` allowed (more than
     :data:`IN_RUN_OVERRUN` of it). The in-run bound is an estimate: each tier's read rate beside a *burst* of its
     own writes, probed before the runs, weighed by the loads' time beside writes. On a disk that the loop's steadier
-    writes slow less than the probe's burst (the project VM of 2026-12-07: 105-140 %), it understates what the
+    writes slow less than the probe's burst (the project VM of 2026-12-07: up to 172 %), it understates what the
     devices gave, and the table must not let a share over 100 % read as a gain over a bound."""
     out = []
     for r in results:
