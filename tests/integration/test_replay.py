@@ -82,7 +82,7 @@ def test_replay_runs_systems_side_by_side(tmp_path, capsys):
     assert not (tmp_path / "out" / "tiers").exists()  # cleaned up
     kv = rep["results"][0]["summary"]
     # kvstream replicates the share of each prefix the shared tier can read, sized from this run's measured
-    # bandwidths (partial:F, or full when the shared tier is at least half as fast); lmcache-like has one copy
+    # bandwidths (partial:F, or full when the shared tier is at least twice as fast); lmcache-like has one copy
     from kvstream.replication import partial_fraction
 
     last = rep["rounds"][-1]["measured_read_gbps"]

@@ -9,7 +9,7 @@
 Each system runs the same requests from a cold, empty store: ``kvstream`` (KVStream's two-tier reads + Bidaw's
 scheduling and hit-potential eviction; second copies of the share of each prefix the second tier can read,
 ``partial:F`` sized from the tiers' read bandwidths measured in the same run, full replication when the second
-tier reads at least half as fast as the first: :func:`kvstream.replication.partial_fraction`), ``kvstream-only``
+tier reads at least twice as fast as the first: :func:`kvstream.replication.partial_fraction`), ``kvstream-only``
 (two tiers, meet-in-the-middle, full replication as the KVStream paper has it, FCFS, LRU),
 ``kvstream+compute`` (kvstream-only, and the modelled GPU recomputes each blocking load's front while the tiers
 read its back, stopping where they meet: :mod:`kvstream.compute`; ``recompute-only`` and ``load-only`` are its
@@ -248,7 +248,7 @@ def _system(name: str) -> _SystemSpec:
 
     if name == "kvstream":
         # "measured": partial:F sized from the tiers' read bandwidths measured in the same run
-        # (kvstream.replication.partial_fraction; full when the second tier reads at least half as fast).
+        # (kvstream.replication.partial_fraction; full when the second tier reads at least twice as fast).
         return {"tiers": 2, "router": "mitm", "replication": "measured", "memory_eviction": "hit-potential",
                 "serving": ServingConfig(admit="ready", prefetch="hrrn")}
     if name == "kvstream-only":
